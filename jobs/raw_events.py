@@ -1,0 +1,110 @@
+"""Change events (raw BSON) to Arrow: the raw zone's schema and the converter.
+
+The envelope becomes typed columns; the document key, the documents and the update
+description become canonical Extended JSON (lossless, readable by Spark as text); and the
+whole event is kept as its BSON bytes, so every table can be rebuilt from the raw zone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from bson import json_util
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.json_util import JSONMode, JSONOptions
+from bson.raw_bson import RawBSONDocument
+
+# Dates outside Python's datetime range stay DatetimeMS instead of failing the whole batch.
+_DOC_CODEC = CodecOptions(
+    document_class=RawBSONDocument,
+    tz_aware=True,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+_JSON = JSONOptions(
+    json_mode=JSONMode.CANONICAL,
+    tz_aware=True,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+
+TS = pa.timestamp("us", tz="UTC")
+
+RAW_SCHEMA = pa.schema(
+    [
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("operation_type", pa.string(), nullable=False),
+        pa.field("db", pa.string()),
+        pa.field("coll", pa.string()),
+        pa.field("cluster_time", TS, nullable=False),
+        pa.field("cluster_time_inc", pa.int64(), nullable=False),
+        pa.field("wall_time", TS),
+        pa.field("txn_number", pa.int64()),
+        pa.field("lsid", pa.string()),
+        pa.field("to_db", pa.string()),
+        pa.field("to_coll", pa.string()),
+        pa.field("collection_uuid", pa.string()),
+        pa.field("document_key", pa.string()),
+        pa.field("full_document", pa.string()),
+        pa.field("full_document_before_change", pa.string()),
+        pa.field("update_description", pa.string()),
+        pa.field("operation_description", pa.string()),
+        pa.field("raw", pa.binary(), nullable=False),
+    ]
+)
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json_util.dumps(value, json_options=_JSON)
+
+
+class EventColumns:
+    """Column buffers for one partition's events; `to_table()` makes the Arrow table."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.columns["event_id"])
+
+    def add(self, event: RawBSONDocument) -> None:
+        raw = event.raw
+        # Re-decode with the tolerant codec: nested values stay raw until serialized.
+        doc = RawBSONDocument(raw, _DOC_CODEC)
+        c = self.columns
+        c["event_id"].append(doc["_id"]["_data"])
+        c["operation_type"].append(doc["operationType"])
+        ns = doc.get("ns")
+        c["db"].append(ns.get("db") if ns is not None else None)
+        c["coll"].append(ns.get("coll") if ns is not None else None)
+        ts = doc["clusterTime"]
+        c["cluster_time"].append(datetime.fromtimestamp(ts.time, UTC))
+        c["cluster_time_inc"].append(ts.inc)
+        wall = doc.get("wallTime")
+        c["wall_time"].append(wall if isinstance(wall, datetime) else None)
+        c["txn_number"].append(doc.get("txnNumber"))
+        c["lsid"].append(_json(doc.get("lsid")))
+        to = doc.get("to")
+        c["to_db"].append(to.get("db") if to is not None else None)
+        c["to_coll"].append(to.get("coll") if to is not None else None)
+        uuid = doc.get("collectionUUID")
+        c["collection_uuid"].append(uuid.hex() if hasattr(uuid, "hex") else _json(uuid))
+        c["document_key"].append(_json(doc.get("documentKey")))
+        c["full_document"].append(_json(doc.get("fullDocument")))
+        c["full_document_before_change"].append(_json(doc.get("fullDocumentBeforeChange")))
+        c["update_description"].append(_json(doc.get("updateDescription")))
+        c["operation_description"].append(_json(doc.get("operationDescription")))
+        c["raw"].append(raw)
+        self.nbytes += len(raw)
+
+    def to_table(self) -> pa.Table:
+        return pa.Table.from_pydict(self.columns, schema=RAW_SCHEMA)
+
+
+def operation_counts(table: pa.Table) -> Mapping[str, int]:
+    counts = table.column("operation_type").value_counts()
+    return {row["values"]: row["counts"] for row in counts.to_pylist()}

@@ -1,0 +1,139 @@
+"""MongoDB connections: a checked client, cluster time and the oplog window.
+
+`connect()` turns every way a connection goes wrong (bad URI, unreachable host, refused
+credentials, a standalone server) into a `TidemarkError` whose message names the URI with its
+password redacted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import Timestamp
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.errors import (
+    ConfigurationError,
+    InvalidURI,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
+
+from tidemark.errors import MongoConnectionError, ReplicaSetRequired
+
+_PASSWORD = re.compile(r"(mongodb(?:\+srv)?://[^:/@]+:)([^@]*)(@)")
+AUTH_FAILED = 18
+
+# Events stay raw BSON until the drain converts whole batches; tz-aware so datetimes are UTC.
+RAW_CODEC = CodecOptions(document_class=RawBSONDocument, tz_aware=True)
+
+
+def redact_uri(uri: str) -> str:
+    """The URI with its password replaced by ***, safe for logs and error messages."""
+    return _PASSWORD.sub(r"\1***\3", uri)
+
+
+def connect(
+    uri: str, *, timeout_ms: int = 10_000, raw: bool = False, **options: Any
+) -> MongoClient:
+    """A client whose server answered and is a replica set or sharded cluster."""
+    shown = redact_uri(uri)
+    kwargs: dict[str, Any] = {
+        "serverSelectionTimeoutMS": timeout_ms,
+        "appname": "tidemark",
+        "tz_aware": True,
+        **options,
+    }
+    if raw:
+        kwargs["document_class"] = RawBSONDocument
+    try:
+        client: MongoClient = MongoClient(uri, **kwargs)
+    except (InvalidURI, ConfigurationError, ValueError, TypeError) as exc:
+        raise MongoConnectionError(
+            f"The MongoDB URI {shown} is not valid: {exc}.",
+            "Fix MONGODB_URI; it looks like mongodb://user:password@host1,host2/?replicaSet=rs0.",
+        ) from None
+    try:
+        hello = client.admin.command("hello")
+    except ServerSelectionTimeoutError as exc:
+        client.close()
+        raise MongoConnectionError(
+            f"No MongoDB server answered at {shown} within {timeout_ms / 1000:.0f} s "
+            f"({_first_line(exc)}).",
+            "Check that the server runs and that host, port and TLS settings in MONGODB_URI "
+            "are right, and that this machine may reach it.",
+        ) from None
+    except OperationFailure as exc:
+        client.close()
+        if exc.code == AUTH_FAILED:
+            raise MongoConnectionError(
+                f"MongoDB refused the credentials in {shown}: authentication failed.",
+                "Check the user name, password and authSource in MONGODB_URI.",
+            ) from None
+        raise MongoConnectionError(f"MongoDB at {shown} refused 'hello': {exc}.", "") from None
+    except PyMongoError as exc:
+        client.close()
+        raise MongoConnectionError(
+            f"Connecting to MongoDB at {shown} failed: {_first_line(exc)}.",
+            "Check MONGODB_URI and the server's logs.",
+        ) from None
+    if not hello.get("setName") and hello.get("msg") != "isdbgrid":
+        client.close()
+        raise ReplicaSetRequired(
+            f"The MongoDB server at {shown} is a standalone mongod, and change streams need a "
+            "replica set (or a sharded cluster): they read the oplog, which only a replica set "
+            "keeps.",
+            "Restart it with --replSet <name> and run rs.initiate() once (a one-node replica "
+            "set is fine), or point MONGODB_URI at a replica set.",
+        )
+    return client
+
+
+def is_sharded(client: MongoClient) -> bool:
+    return client.admin.command("hello").get("msg") == "isdbgrid"
+
+
+def cluster_time(client: MongoClient) -> Timestamp:
+    """The deployment's current operation time: a run's horizon."""
+    reply = client.admin.command("ping")
+    op_time = reply.get("operationTime") or reply.get("$clusterTime", {}).get("clusterTime")
+    if op_time is None:
+        raise MongoConnectionError(
+            "The server did not report its cluster time.",
+            "Tidemark needs MongoDB 4.2 or later as a replica set or sharded cluster.",
+        )
+    return op_time
+
+
+@dataclass(frozen=True)
+class OplogWindow:
+    first: Timestamp
+    last: Timestamp
+
+    @property
+    def seconds(self) -> int:
+        return self.last.time - self.first.time
+
+
+def oplog_window(client: MongoClient) -> OplogWindow | None:
+    """First and last entry of the oplog; None where it cannot be read (mongos, no privilege)."""
+    try:
+        oplog = client.local["oplog.rs"]
+        first = oplog.find({}, {"ts": 1}).sort("$natural", 1).limit(1).next()
+        last = oplog.find({}, {"ts": 1}).sort("$natural", -1).limit(1).next()
+    except (PyMongoError, StopIteration):
+        return None
+    return OplogWindow(first=first["ts"], last=last["ts"])
+
+
+def ts_datetime(ts: Timestamp) -> datetime:
+    return datetime.fromtimestamp(ts.time, UTC)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).split(",")[0].splitlines()[0][:300]

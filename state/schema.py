@@ -1,0 +1,131 @@
+"""The state store's tables (SQLAlchemy 2 Core) and its schema version.
+
+Timestamps from MongoDB (cluster times) are stored as one 64-bit integer, `time << 32 | inc`,
+which sorts like the BSON Timestamp; wall-clock times are UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+
+SCHEMA_VERSION = 1
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes on every backend (SQLite keeps no zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the state store: use UTC-aware values")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None else None
+
+
+metadata = MetaData()
+
+schema_version = Table(
+    "tidemark_schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("installed_at", UTCDateTime, nullable=False),
+)
+
+streams = Table(
+    "tidemark_streams",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("definition", Text, nullable=False),  # JSON of StreamConfig.token_definition()
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+checkpoints = Table(
+    "tidemark_checkpoints",
+    metadata,
+    Column("stream", String(64), ForeignKey("tidemark_streams.name"), primary_key=True),
+    # Exactly one of token / start_at_operation_time is set once the stream has a position.
+    Column("token", Text),  # canonical Extended JSON of the resume token document
+    Column("token_is_invalidate", Boolean, nullable=False, default=False),
+    Column("start_at_operation_time", BigInteger),
+    Column("cluster_time", BigInteger),  # of the position, for lag and oplog headroom
+    Column("fingerprint", String(64), nullable=False),
+    Column("version", Integer, nullable=False),  # compare-and-set counter
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+leases = Table(
+    "tidemark_leases",
+    metadata,
+    Column("stream", String(64), primary_key=True),
+    Column("owner", String(200)),  # NULL when released
+    Column("host", String(200)),
+    Column("pid", Integer),
+    Column("epoch", BigInteger, nullable=False),  # fencing token: +1 per acquisition
+    Column("acquired_at", UTCDateTime),
+    Column("expires_at", UTCDateTime),
+)
+
+batches = Table(
+    "tidemark_batches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("stream", String(64), ForeignKey("tidemark_streams.name"), nullable=False, index=True),
+    Column("source", String(16), nullable=False),  # incremental | replay | snapshot
+    Column("epoch", BigInteger, nullable=False),
+    Column("event_count", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("first_event_id", Text),
+    Column("last_event_id", Text),
+    Column("first_cluster_time", BigInteger),
+    Column("last_cluster_time", BigInteger),
+    Column("events_by_type", Text, nullable=False),  # JSON {operationType: count}
+    Column("token_after", Text),  # the checkpoint this batch moved to (incremental only)
+    Column("window_start", BigInteger),  # replay windows
+    Column("window_end", BigInteger),
+    Column("committed_at", UTCDateTime, nullable=False, index=True),
+)
+
+batch_files = Table(
+    "tidemark_batch_files",
+    metadata,
+    Column("batch_id", String(64), ForeignKey("tidemark_batches.id"), primary_key=True),
+    Column("path", String(1024), primary_key=True),  # relative to the lake root
+    Column("rows", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+)
+
+resets = Table(
+    "tidemark_resets",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("stream", String(64), nullable=False, index=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("from_token", Text),
+    Column("from_cluster_time", BigInteger),
+    Column("to_description", Text, nullable=False),
+    Column("old_fingerprint", String(64)),
+    Column("new_fingerprint", String(64), nullable=False),
+)

@@ -1,0 +1,267 @@
+"""The streams config: one YAML file, validated with pydantic, one entry per change stream.
+
+A stream's *fingerprint* covers everything its resume tokens depend on (scope, pipeline and
+the change-stream options). A checkpoint stores it; a stream whose fingerprint changed refuses
+to resume until an operator runs `tidemark reset`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from bson import json_util
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tidemark.errors import ConfigError, UnknownStream
+
+SLUG_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
+
+# The stages MongoDB accepts after $changeStream; anything else is refused by the server anyway,
+# and refusing it here gives the message at load time instead of at the first run.
+ALLOWED_STAGES = {
+    "$match",
+    "$project",
+    "$addFields",
+    "$set",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+    "$redact",
+}
+
+Scope = Literal["collection", "database", "cluster"]
+
+
+class Budget(BaseModel):
+    """Per-run limits: a run stops at the first one reached and commits what it drained."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_events: Annotated[int, Field(gt=0)] | None = 1_000_000
+    max_bytes: Annotated[int, Field(gt=0)] | None = 1 << 30
+    max_seconds: Annotated[float, Field(gt=0)] | None = 300.0
+
+
+class StreamConfig(BaseModel):
+    """One change stream: what it watches, how, and how much one run may drain."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=SLUG_PATTERN)]
+    database: Annotated[str, Field(min_length=1)] | None = None
+    collection: Annotated[str, Field(min_length=1)] | None = None
+    pipeline: list[dict[str, Any]] = Field(default_factory=list)
+    full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "updateLookup"
+    full_document_before_change: Literal["off", "whenAvailable", "required"] = "off"
+    show_expanded_events: bool = False
+    batch_size: Annotated[int, Field(gt=0, le=100_000)] = 1000
+    max_await_time_ms: Annotated[int, Field(gt=0, le=60_000)] = 1000
+    budget: Budget = Field(default_factory=Budget)
+    start: Literal["now"] | datetime = "now"
+
+    @field_validator("start")
+    @classmethod
+    def _start_is_utc(cls, value: Literal["now"] | datetime) -> Literal["now"] | datetime:
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                return value.replace(tzinfo=UTC)
+            return value.astimezone(UTC)
+        return value
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_keeps_id(cls, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, stage in enumerate(stages):
+            problem = _stage_problem(stage)
+            if problem:
+                raise ValueError(f"stage {index} ({json.dumps(stage, default=str)}): {problem}")
+        return stages
+
+    @model_validator(mode="after")
+    def _collection_needs_database(self) -> StreamConfig:
+        if self.collection is not None and self.database is None:
+            raise ValueError("'collection' is set but 'database' is not: name the database too")
+        return self
+
+    @property
+    def scope(self) -> Scope:
+        if self.collection is not None:
+            return "collection"
+        return "database" if self.database is not None else "cluster"
+
+    @property
+    def namespace(self) -> str:
+        """Human-readable: `db.coll`, `db.*` or `*` (the whole cluster)."""
+        if self.scope == "collection":
+            return f"{self.database}.{self.collection}"
+        return f"{self.database}.*" if self.scope == "database" else "*"
+
+    def token_definition(self) -> dict[str, Any]:
+        """Everything a resume token of this stream depends on, in a stable form."""
+        return {
+            "scope": self.scope,
+            "database": self.database,
+            "collection": self.collection,
+            "pipeline": self.pipeline,
+            "full_document": self.full_document,
+            "full_document_before_change": self.full_document_before_change,
+            "show_expanded_events": self.show_expanded_events,
+        }
+
+    def fingerprint(self) -> str:
+        return definition_fingerprint(self.token_definition())
+
+    def mongo_pipeline(self) -> list[dict[str, Any]]:
+        """The pipeline as BSON-ready values: Extended JSON forms such as {"$date": ...} decoded."""
+        return json_util.loads(json.dumps(self.pipeline))
+
+
+class TidemarkConfig(BaseModel):
+    """The whole streams file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    streams: list[StreamConfig] = Field(min_length=1)
+
+    @field_validator("streams")
+    @classmethod
+    def _unique_names(cls, streams: list[StreamConfig]) -> list[StreamConfig]:
+        seen: set[str] = set()
+        for stream in streams:
+            if stream.name in seen:
+                raise ValueError(f"stream name {stream.name!r} is used twice: names must be unique")
+            seen.add(stream.name)
+        return streams
+
+    def stream(self, name: str) -> StreamConfig:
+        for stream in self.streams:
+            if stream.name == name:
+                return stream
+        known = ", ".join(s.name for s in self.streams)
+        raise UnknownStream(
+            f"No stream named {name!r} in the streams config.",
+            f"Use one of: {known}.",
+        )
+
+
+def definition_fingerprint(definition: dict[str, Any]) -> str:
+    # Pipeline key order is meaningful to MongoDB (e.g. in $sort), so only the outer keys sort.
+    canonical = json.dumps(definition, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def describe_definition_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """'pipeline: [...] -> [...]; full_document: default -> updateLookup'."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            before = json.dumps(old.get(key), default=str)
+            after = json.dumps(new.get(key), default=str)
+            changes.append(f"{key}: {before} -> {after}")
+    return "; ".join(changes) or "(no field differs, the fingerprint algorithm changed)"
+
+
+def _stage_problem(stage: dict[str, Any]) -> str | None:
+    if not isinstance(stage, dict) or len(stage) != 1:
+        return "each pipeline stage must be a mapping with exactly one $-operator key"
+    ((operator, spec),) = stage.items()
+    if operator not in ALLOWED_STAGES:
+        allowed = ", ".join(sorted(ALLOWED_STAGES))
+        return f"{operator} cannot follow $changeStream; allowed stages: {allowed}"
+    if operator in ("$replaceRoot", "$replaceWith"):
+        return f"{operator} replaces the event and its _id (the resume token); use $project instead"
+    if operator == "$unset":
+        fields = [spec] if isinstance(spec, str) else list(spec or [])
+        if "_id" in fields:
+            return "it removes _id, the resume token Tidemark needs to resume exactly"
+    if operator == "$project" and isinstance(spec, dict):
+        if "_id" in spec and spec["_id"] in (0, False):
+            return "it excludes _id, the resume token Tidemark needs to resume exactly"
+        inclusion = any(v not in (0, False) for k, v in spec.items() if k != "_id")
+        if "_id" in spec and spec["_id"] not in (1, True) and inclusion:
+            return "it rewrites _id, the resume token Tidemark needs to resume exactly"
+    if operator in ("$set", "$addFields") and isinstance(spec, dict) and "_id" in spec:
+        return "it rewrites _id, the resume token Tidemark needs to resume exactly"
+    return None
+
+
+def load_config(path: Path | str) -> TidemarkConfig:
+    """Read and validate the streams file; every problem becomes one `ConfigError`."""
+    path = Path(path)
+    fix_hint = "Fix the file (see README, 'Configuration') or point TIDEMARK_CONFIG at another one."
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"The streams config {path} does not exist.",
+            "Create it (the README shows an example) or set TIDEMARK_CONFIG to its path.",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"The streams config {path} cannot be read: {exc}.", fix_hint) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(
+            f"The streams config {path} is not valid YAML{where}: {reason}.", fix_hint
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"The streams config {path} must be a mapping with a 'streams' list, "
+            f"not {type(raw).__name__}.",
+            fix_hint,
+        )
+    try:
+        return TidemarkConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"The streams config {path} is invalid: {_format_validation(exc, raw)}.", fix_hint
+        ) from None
+
+
+def _format_validation(exc: ValidationError, raw: dict[str, Any]) -> str:
+    parts = []
+    for error in exc.errors():
+        loc = list(error["loc"])
+        where = _location(loc, raw)
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling)"
+        elif error["type"] == "string_pattern_mismatch" and loc and loc[-1] == "name":
+            message = (
+                "stream names are slugs: lowercase letters, digits and '_', starting with a letter"
+            )
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def _location(loc: list[Any], raw: dict[str, Any]) -> str:
+    text = ""
+    node: Any = raw
+    for part in loc:
+        if isinstance(part, int):
+            name = (
+                node[part].get("name")
+                if isinstance(node, list)
+                and isinstance(node[part] if part < len(node) else None, dict)
+                else None
+            )
+            text += f"[{part}]" + (f" ({name})" if name else "")
+        else:
+            text += f".{part}" if text else str(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return text
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,64 @@
+"""The typed errors Tidemark raises; each carries what went wrong and how to fix it.
+
+Operators see these as one paragraph (the CLI prints `str(error)`, never a traceback), so the
+message names the problem, the thing it concerns (stream, URI, file) and the fix.
+"""
+
+from __future__ import annotations
+
+
+class TidemarkError(Exception):
+    """Base of every error Tidemark raises on purpose. `fix` says what to do about it."""
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem.strip()
+        self.fix = fix.strip()
+        super().__init__(f"{self.problem} {self.fix}".strip())
+
+
+class ConfigError(TidemarkError):
+    """The streams config file is missing, malformed or invalid."""
+
+
+class MongoConnectionError(TidemarkError):
+    """MongoDB cannot be reached, the URI is wrong, or the credentials are refused."""
+
+
+class ReplicaSetRequired(TidemarkError):
+    """The server is a standalone mongod: change streams need a replica set or sharded cluster."""
+
+
+class EmbeddedMongoError(TidemarkError):
+    """The embedded mongod (demo and tests) could not be started."""
+
+
+class StreamDefinitionChanged(TidemarkError):
+    """A stream's definition no longer matches the one its checkpoint was taken with."""
+
+
+class HistoryLost(TidemarkError):
+    """The stored resume point is no longer in the oplog (server error ChangeStreamHistoryLost)."""
+
+
+class LeaseHeld(TidemarkError):
+    """Another run holds the stream's lease: two drains of one stream never run at once."""
+
+
+class LeaseLost(TidemarkError):
+    """This run's lease was taken over (fencing epoch moved on): its commit was refused."""
+
+
+class CheckpointConflict(TidemarkError):
+    """The checkpoint moved under this run (compare-and-set failed): nothing was committed."""
+
+
+class StateStoreError(TidemarkError):
+    """The SQL state store is unreachable, of another schema version, or holds bad data."""
+
+
+class LakeError(TidemarkError):
+    """The lake directory cannot be written or holds something unexpected."""
+
+
+class UnknownStream(TidemarkError):
+    """A stream name that the config does not declare."""

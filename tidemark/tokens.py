@@ -1,0 +1,75 @@
+"""Resume tokens and cluster times: packing, decoding and display.
+
+A resume token's `_data` is the server's KeyString encoding, whose first field is the event's
+cluster time (type byte 0x82, then 4 bytes of seconds and 4 of increment). Reading it lets
+status and metrics show the time of any token, postBatchResumeTokens included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import Timestamp, json_util
+from bson.json_util import JSONMode, JSONOptions
+from bson.raw_bson import RawBSONDocument
+
+CANONICAL = JSONOptions(json_mode=JSONMode.CANONICAL, tz_aware=True)
+
+
+def pack_ts(ts: Timestamp) -> int:
+    """A BSON Timestamp as one sortable 64-bit integer."""
+    return (ts.time << 32) | ts.inc
+
+
+def unpack_ts(value: int) -> Timestamp:
+    return Timestamp(value >> 32, value & 0xFFFFFFFF)
+
+
+def ts_to_datetime(ts: Timestamp | int | None) -> datetime | None:
+    if ts is None:
+        return None
+    if isinstance(ts, int):
+        ts = unpack_ts(ts)
+    return datetime.fromtimestamp(ts.time, UTC)
+
+
+def datetime_to_ts(moment: datetime) -> Timestamp:
+    """The first cluster time at or after `moment` (increments start at 1)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    seconds = int(moment.timestamp())
+    if seconds < moment.timestamp():
+        seconds += 1
+    return Timestamp(seconds, 1)
+
+
+def token_data(token: Mapping[str, Any] | RawBSONDocument | None) -> str | None:
+    if token is None:
+        return None
+    value = token["_data"]
+    return value if isinstance(value, str) else None
+
+
+def token_cluster_time(token: Mapping[str, Any] | str | None) -> Timestamp | None:
+    """The cluster time encoded at the start of a token's `_data` (None if not decodable)."""
+    data = token if isinstance(token, str) else token_data(token)
+    if not data or len(data) < 18 or not data.startswith("82"):
+        return None
+    try:
+        return Timestamp(int(data[2:10], 16), int(data[10:18], 16))
+    except ValueError:
+        return None
+
+
+def token_to_json(token: Mapping[str, Any] | RawBSONDocument) -> str:
+    """Canonical Extended JSON: lossless, and readable in the state store."""
+    return json_util.dumps(token, json_options=CANONICAL)
+
+
+def token_from_json(text: str) -> dict[str, Any]:
+    value = json_util.loads(text, json_options=CANONICAL)
+    if not isinstance(value, dict) or "_data" not in value:
+        raise ValueError("a resume token is a document with a '_data' field")
+    return value
