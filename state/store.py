@@ -217,24 +217,7 @@ class StateStore:
                 select(schema.streams).where(schema.streams.c.name == stream.name)
             ).first()
             if row is None:
-                conn.execute(
-                    insert(schema.streams).values(
-                        name=stream.name,
-                        fingerprint=fingerprint,
-                        definition=json.dumps(definition, default=str),
-                        created_at=now,
-                        updated_at=now,
-                    )
-                )
-                conn.execute(
-                    insert(schema.checkpoints).values(
-                        stream=stream.name,
-                        token_is_invalidate=False,
-                        fingerprint=fingerprint,
-                        version=0,
-                        updated_at=now,
-                    )
-                )
+                self._register(conn, stream)
             elif row.fingerprint != fingerprint:
                 checkpoint = self._checkpoint(conn, stream.name)
                 if checkpoint is not None and checkpoint.has_position:
@@ -266,6 +249,38 @@ class StateStore:
             checkpoint = self._checkpoint(conn, stream.name)
         assert checkpoint is not None
         return checkpoint
+
+    def ensure_stream_row(self, stream: StreamConfig) -> None:
+        """Register the stream if it is new, without checking its definition (used by reset)."""
+        with self._tx("stream registration") as conn:
+            exists = conn.execute(
+                select(schema.streams.c.name).where(schema.streams.c.name == stream.name)
+            ).first()
+            if exists is None:
+                self._register(conn, stream)
+
+    @staticmethod
+    def _register(conn: Connection, stream: StreamConfig) -> None:
+        now = _now()
+        fingerprint = stream.fingerprint()
+        conn.execute(
+            insert(schema.streams).values(
+                name=stream.name,
+                fingerprint=fingerprint,
+                definition=json.dumps(stream.token_definition(), default=str),
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        conn.execute(
+            insert(schema.checkpoints).values(
+                stream=stream.name,
+                token_is_invalidate=False,
+                fingerprint=fingerprint,
+                version=0,
+                updated_at=now,
+            )
+        )
 
     def checkpoint(self, stream: str) -> Checkpoint | None:
         with self._tx("checkpoint read") as conn:

@@ -1,0 +1,62 @@
+"""Explicit checkpoint moves (`tidemark reset`): under the lease, recorded in the state store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pymongo import MongoClient
+
+from resources.mongo import cluster_time, oplog_window
+from state.store import NewPosition, StateStore
+from tidemark.config import StreamConfig
+from tidemark.errors import TidemarkError
+from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
+
+
+def reset_stream(
+    stream: StreamConfig,
+    client: MongoClient,
+    store: StateStore,
+    *,
+    to_time: datetime | None,
+    actor: str,
+) -> datetime:
+    """Point the stream at `to_time` (None: now) under its current definition; returns the time."""
+    if to_time is None:
+        target = cluster_time(client)
+        description = "now"
+    else:
+        if to_time.tzinfo is None:
+            to_time = to_time.replace(tzinfo=UTC)
+        target = datetime_to_ts(to_time)
+        now = cluster_time(client)
+        if target.time > now.time:
+            raise TidemarkError(
+                f"Cannot reset stream {stream.name!r} to {to_time:%Y-%m-%d %H:%M:%S} UTC: "
+                f"that is after the cluster's current time ({ts_to_datetime(now):%H:%M:%S} UTC).",
+                "Use --to-now, or a time in the past.",
+            )
+        window = oplog_window(client)
+        if window is not None and target < window.first:
+            raise TidemarkError(
+                f"Cannot reset stream {stream.name!r} to {to_time:%Y-%m-%d %H:%M:%S} UTC: the "
+                f"oplog starts at {ts_to_datetime(window.first):%Y-%m-%d %H:%M:%S} UTC, so the "
+                "changes before that are gone.",
+                "Choose a time inside the oplog window (see `tidemark status`).",
+            )
+        description = f"time {to_time.isoformat()}"
+    store.ensure_stream_row(stream)
+    lease = store.acquire_lease(stream.name, timedelta(minutes=1))
+    try:
+        store.reset_checkpoint(
+            lease,
+            stream,
+            NewPosition(start_at_operation_time=pack_ts(target), cluster_time=pack_ts(target)),
+            description,
+            actor,
+        )
+    finally:
+        store.release_lease(lease)
+    moment = ts_to_datetime(target)
+    assert moment is not None
+    return moment

@@ -1,0 +1,53 @@
+"""Per-stream status: where the checkpoint is, how far behind, and how close to the oplog's edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pymongo import MongoClient
+
+from resources.mongo import cluster_time, oplog_window
+from state.store import BatchRecord, StateStore
+from tidemark.config import StreamConfig
+from tidemark.tokens import ts_to_datetime, unpack_ts
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    stream: str
+    namespace: str
+    position_time: datetime | None  # cluster time of the stored token / start point
+    lag_seconds: float | None  # cluster now - position
+    last_batch: BatchRecord | None
+    batches: int
+    oplog_first: datetime | None
+    oplog_window_seconds: float | None
+    headroom_seconds: float | None  # position - oplog first: time until the token falls off
+    definition_changed: bool
+
+
+def stream_status(stream: StreamConfig, client: MongoClient, store: StateStore) -> StreamStatus:
+    checkpoint = store.checkpoint(stream.name)
+    position = None
+    if checkpoint is not None:
+        position = checkpoint.cluster_time or checkpoint.start_at_operation_time
+    now_ts = cluster_time(client)
+    window = oplog_window(client)
+    lag = headroom = None
+    if position is not None:
+        lag = max(0, now_ts.time - unpack_ts(position).time)
+        if window is not None:
+            headroom = unpack_ts(position).time - window.first.time
+    return StreamStatus(
+        stream=stream.name,
+        namespace=stream.namespace,
+        position_time=ts_to_datetime(position),
+        lag_seconds=lag,
+        last_batch=store.last_batch(stream.name) if checkpoint else None,
+        batches=store.batch_count(stream.name) if checkpoint else 0,
+        oplog_first=ts_to_datetime(window.first) if window else None,
+        oplog_window_seconds=window.seconds if window else None,
+        headroom_seconds=headroom,
+        definition_changed=bool(checkpoint and checkpoint.fingerprint != stream.fingerprint()),
+    )

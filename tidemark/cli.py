@@ -1,0 +1,223 @@
+"""The `tidemark` command for operators: drain, status, reset, gc, the embedded mongod, demo.
+
+Every `TidemarkError` is printed as its one-paragraph message (exit code 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import socket
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from jobs.drain import DrainResult, drain
+from jobs.gc import collect_garbage
+from jobs.reset import reset_stream
+from jobs.status import stream_status
+from resources.embedded_mongo import ensure_embedded, stop_embedded
+from tidemark.errors import TidemarkError
+from tidemark.runtime import Runtime, open_runtime
+from tidemark.settings import Settings
+from tidemark.table import format_table, human_bytes, human_seconds
+from tidemark.tokens import ts_to_datetime
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidemark",
+        description="MongoDB change streams into a Parquet lake, exactly once.",
+        epilog="Environment: MONGODB_URI, TIDEMARK_CONFIG, TIDEMARK_STATE_URL, TIDEMARK_LAKE, "
+        "TIDEMARK_HOME (see README).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("drain", help="drain one stream (or all) now and commit")
+    p.add_argument("stream", nargs="?", help="stream name; omit with --all")
+    p.add_argument("--all", action="store_true", help="drain every stream in the config")
+    sub.add_parser("status", help="checkpoint time, lag, last batch and oplog headroom per stream")
+    p = sub.add_parser("reset", help="move a stream's checkpoint explicitly (recorded)")
+    p.add_argument("stream")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to-now", action="store_true", help="start from the current time")
+    where.add_argument(
+        "--to-time",
+        type=_utc_datetime,
+        metavar="T",
+        help="start from T (ISO 8601, UTC unless it has an offset)",
+    )
+    p = sub.add_parser("gc", help="delete raw files that no committed batch lists")
+    p.add_argument(
+        "--min-age",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="keep orphans younger than this (default 60)",
+    )
+    p = sub.add_parser("mongod", help="the embedded mongod under the Tidemark home")
+    p.add_argument("action", choices=["start", "stop", "uri"])
+    p = sub.add_parser("demo", help="sample workload, drain and summary (make demo)")
+    p.add_argument("--orders", type=int, default=500)
+    return parser
+
+
+def _utc_datetime(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time, e.g. 2026-11-21T05:00:00Z"
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except TidemarkError as exc:
+        print(f"tidemark: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "tidemark: interrupted; nothing was committed by the interrupted step.", file=sys.stderr
+        )
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    if args.command == "mongod":
+        return _mongod(args.action, settings)
+    runtime = open_runtime(settings)
+    try:
+        if args.command == "drain":
+            return _drain(runtime, args)
+        if args.command == "status":
+            return _status(runtime)
+        if args.command == "reset":
+            return _reset(runtime, args)
+        if args.command == "gc":
+            return _gc(runtime, args.min_age)
+        if args.command == "demo":
+            from tidemark.demo import run_demo
+
+            run_demo(runtime, orders=args.orders)
+            return 0
+    finally:
+        runtime.close()
+    raise AssertionError(args.command)
+
+
+def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
+    if args.all == bool(args.stream):
+        raise TidemarkError("Name one stream to drain, or pass --all.", "")
+    streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
+    results = [drain(s, runtime.client, runtime.store, runtime.lake_root) for s in streams]
+    print(_drain_table(results))
+    return 0
+
+
+def _drain_table(results: list[DrainResult]) -> str:
+    rows = []
+    for r in results:
+        token_time = ts_to_datetime(r.token_cluster_time)
+        rows.append(
+            [
+                r.stream,
+                f"{r.events:,}",
+                len(r.files),
+                human_bytes(r.file_bytes),
+                f"{token_time:%Y-%m-%d %H:%M:%S}" if token_time else "-",
+                r.stop_reason,
+                f"{r.duration_s:.2f} s",
+            ]
+        )
+    return format_table(
+        ["stream", "events", "files", "bytes", "token time (UTC)", "stopped", "took"], rows
+    )
+
+
+def _status(runtime: Runtime) -> int:
+    rows = []
+    for stream in runtime.config.streams:
+        s = stream_status(stream, runtime.client, runtime.store)
+        last = s.last_batch
+        rows.append(
+            [
+                s.stream,
+                s.namespace,
+                f"{s.position_time:%Y-%m-%d %H:%M:%S}" if s.position_time else "no position yet",
+                human_seconds(s.lag_seconds),
+                f"{last.committed_at:%Y-%m-%d %H:%M:%S} ({last.event_count:,} events)"
+                if last
+                else "-",
+                human_seconds(s.oplog_window_seconds),
+                human_seconds(s.headroom_seconds),
+                "CHANGED: reset needed" if s.definition_changed else "ok",
+            ]
+        )
+    print(
+        format_table(
+            [
+                "stream",
+                "watches",
+                "token time (UTC)",
+                "lag",
+                "last batch (UTC)",
+                "oplog window",
+                "headroom",
+                "definition",
+            ],
+            rows,
+        )
+    )
+    return 0
+
+
+def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
+    stream = runtime.config.stream(args.stream)
+    actor = f"{getpass.getuser()}@{socket.gethostname()} (tidemark reset)"
+    moment = reset_stream(
+        stream,
+        runtime.client,
+        runtime.store,
+        to_time=None if args.to_now else args.to_time,
+        actor=actor,
+    )
+    print(
+        f"Stream {stream.name!r} now starts from {moment:%Y-%m-%d %H:%M:%S} UTC "
+        "(recorded in the state store's reset history)."
+    )
+    return 0
+
+
+def _gc(runtime: Runtime, min_age: float) -> int:
+    rows = []
+    for sweep in collect_garbage(runtime.lake_root, runtime.store, min_age):
+        if sweep.result is None:
+            rows.append([sweep.stream, "-", "-", sweep.note])
+        else:
+            rows.append(
+                [sweep.stream, len(sweep.result.removed), len(sweep.result.kept_young), "ok"]
+            )
+    print(
+        format_table(["stream", "orphans removed", "kept (younger than --min-age)", "note"], rows)
+        if rows
+        else "The lake holds no raw files yet."
+    )
+    return 0
+
+
+def _mongod(action: str, settings: Settings) -> int:
+    if action == "stop":
+        stopped = stop_embedded(settings.home)
+        print("embedded mongod stopped" if stopped else "no embedded mongod was running")
+        return 0
+    mongod = ensure_embedded(settings.home)
+    print(mongod.uri)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
