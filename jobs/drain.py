@@ -121,8 +121,17 @@ def open_stream(client: MongoClient, stream: StreamConfig, options: dict[str, An
 class RawBatchWriter:
     """Buffers converted events per hour partition and writes Parquet files at each flush."""
 
-    def __init__(self, lake_root: Path, stream: str, batch_id: str) -> None:
+    def __init__(
+        self,
+        lake_root: Path,
+        stream: str,
+        batch_id: str,
+        flush_rows: int = FLUSH_ROWS,
+        flush_bytes: int = FLUSH_BYTES,
+    ) -> None:
         self.lake_root = lake_root
+        self.flush_rows = flush_rows
+        self.flush_bytes = flush_bytes
         self.stream = stream
         self.batch_id = batch_id
         self.buffers: dict[tuple[int, int, int, int], EventColumns] = {}
@@ -139,7 +148,7 @@ class RawBatchWriter:
         buffer.add(event)
         self.buffered_rows += 1
         self.buffered_bytes += len(event.raw)
-        if self.buffered_rows >= FLUSH_ROWS or self.buffered_bytes >= FLUSH_BYTES:
+        if self.buffered_rows >= self.flush_rows or self.buffered_bytes >= self.flush_bytes:
             self.flush()
 
     def flush(self) -> None:
@@ -162,6 +171,7 @@ def drain(
     lake_root: Path,
     *,
     before_commit: Callable[[list[FileEntry]], None] | None = None,
+    flush_rows: int = FLUSH_ROWS,
 ) -> DrainResult:
     """Drain `stream` once and commit; see the module docstring. `before_commit` is a test seam."""
     started_at = datetime.now(UTC)
@@ -174,7 +184,7 @@ def drain(
         options = start_options(checkpoint, stream)
         horizon = cluster_time(client)
         batch_id = new_batch_id()
-        writer = RawBatchWriter(lake_root, stream.name, batch_id)
+        writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
         counts: Counter[str] = Counter()
         first_ts: Timestamp | None = None
         last_ts: Timestamp | None = None

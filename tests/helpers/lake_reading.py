@@ -1,0 +1,40 @@
+"""Reading the raw zone the way a consumer must: only files that committed batches list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from bson import json_util
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+
+from jobs.raw_events import RAW_SCHEMA
+from state.store import StateStore
+
+
+def committed_table(store: StateStore, lake: Path, stream: str) -> pa.Table:
+    tables = [pq.read_table(lake / f.path) for batch in store.batches(stream) for f in batch.files]
+    return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
+
+
+def direct_events(collection, resume_after) -> list[RawBSONDocument]:
+    """A plain `watch()` over the same range: the reference the raw zone must equal."""
+    events = []
+    with collection.watch(
+        resume_after=resume_after, max_await_time_ms=300, full_document="updateLookup"
+    ) as stream:
+        while True:
+            event = stream.try_next()
+            if event is None:
+                return events
+            events.append(event)
+
+
+def token_doc(token_json: str | None) -> dict | None:
+    return json_util.loads(token_json) if token_json else None
+
+
+def raw_collection(raw_client: MongoClient, db: str, coll: str):
+    return raw_client[db][coll]

@@ -1,0 +1,93 @@
+"""The `tidemark` CLI against a real mongod: drain, status, reset, gc, and errors as messages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from state.store import StateStore
+from tidemark.cli import main
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, mongod, db_name):
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        f"streams:\n  - name: orders\n    database: {db_name}\n    collection: orders\n"
+        "    max_await_time_ms: 200\n"
+    )
+    state_url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setenv("MONGODB_URI", mongod.uri)
+    monkeypatch.setenv("TIDEMARK_CONFIG", str(config))
+    monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
+    monkeypatch.setenv("TIDEMARK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
+    return {"config": config, "state_url": state_url, "lake": tmp_path / "lake"}
+
+
+def test_drain_and_status(env, client, db_name, capsys):
+    assert main(["drain", "orders"]) == 0
+    client[db_name]["orders"].insert_many([{"i": i} for i in range(25)])
+    assert main(["drain", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "orders" in out and "25" in out and "caught_up" in out
+    assert main(["status"]) == 0
+    status = capsys.readouterr().out
+    assert f"{db_name}.orders" in status and "(25 events)" in status and "ok" in status
+
+
+def test_changed_definition_then_reset_is_recorded(env, client, db_name, capsys):
+    assert main(["drain", "orders"]) == 0
+    env["config"].write_text(env["config"].read_text() + "    full_document: default\n")
+    assert main(["drain", "orders"]) == 2
+    err = capsys.readouterr().err
+    assert "changed since its checkpoint" in err and "Traceback" not in err
+    assert main(["status"]) == 0
+    assert "CHANGED: reset needed" in capsys.readouterr().out
+
+    moment = datetime.now(UTC) - timedelta(seconds=1)
+    assert main(["reset", "orders", "--to-time", moment.isoformat()]) == 0
+    assert "now starts from" in capsys.readouterr().out
+    client[db_name]["orders"].insert_one({"after": "reset"})
+    assert main(["drain", "orders"]) == 0
+    store = StateStore(env["state_url"])
+    history = store.resets("orders")
+    assert len(history) == 1 and history[0]["to_description"].startswith("time ")
+    assert "(tidemark reset)" in history[0]["actor"]
+    assert store.batches("orders")[-1].event_count >= 1
+    store.close()
+
+
+def test_reset_to_the_future_is_refused(env, capsys):
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    assert main(["reset", "orders", "--to-time", future]) == 2
+    assert "in the future" in capsys.readouterr().err
+
+
+def test_gc_reports_removed_orphans(env, capsys):
+    orphan = Path(env["lake"]) / "raw" / "orders" / "date=2026-01-01" / "hour=00" / "o.parquet"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"x")
+    assert main(["gc", "--min-age", "0"]) == 0
+    assert not orphan.exists()
+    assert "orders" in capsys.readouterr().out
+
+
+def test_errors_are_one_message_not_a_traceback(env, monkeypatch, capsys):
+    env["config"].write_text("streams:\n  - name: orders\n    colection: typo\n")
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tidemark: The streams config") and "unknown key" in err
+    assert "Traceback" not in err
+
+    env["config"].write_text("streams:\n  - name: orders\n    database: d\n")
+    monkeypatch.setenv("MONGODB_URI", "mongodb://u:pw@127.0.0.1:1/?serverSelectionTimeoutMS=300")
+    assert main(["drain", "orders"]) == 2
+    err = capsys.readouterr().err
+    assert "No MongoDB server answered" in err and ":pw@" not in err
+
+    monkeypatch.setenv("TIDEMARK_STATE_URL", "nonsense")
+    assert main(["status"]) == 2
+    assert "is not a database URL" in capsys.readouterr().err

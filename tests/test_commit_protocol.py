@@ -1,0 +1,173 @@
+"""The commit protocol: one transaction per run, fencing, compare-and-set, orphans and gc.
+Runs on SQLite and on PostgreSQL (the `store` / `state_url` fixtures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from jobs.drain import drain
+from jobs.gc import collect_garbage
+from state.store import NewPosition, StateStore
+from tests.helpers.lake_reading import committed_table, direct_events
+from tidemark.errors import CheckpointConflict, LeaseHeld, LeaseLost
+from tidemark.tokens import token_from_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _start_child(mongod, state_url, lake, stream, ready: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.drain_child",
+            mongod.uri,
+            state_url,
+            str(lake),
+            stream.model_dump_json(),
+            str(ready),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(path: Path, child: subprocess.Popen, timeout: float = 60) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if child.poll() is not None:
+            raise AssertionError(f"child exited early: {child.stderr.read()}")
+        if time.monotonic() > deadline:
+            child.kill()
+            raise AssertionError("child never reached its commit")
+        time.sleep(0.05)
+    time.sleep(0.05)  # the file is written in one call; let it land
+    return json.loads(path.read_text())
+
+
+def test_sigkill_before_commit_then_exactly_once_and_gc(
+    mongod, client, raw_client, store, state_url, lake, make_stream, db_name, tmp_path
+):
+    stream = make_stream()
+    drain(stream, raw_client, store, lake)  # the starting position
+    start = store.checkpoint(stream.name)
+    client[db_name]["orders"].insert_many([{"i": i} for i in range(300)])
+
+    ready = tmp_path / "ready"
+    child = _start_child(mongod, state_url, lake, stream, ready)
+    orphan_paths = _wait_for(ready, child)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    assert len(orphan_paths) == 6  # 300 events, 50 rows a file: written, never committed
+    assert all((lake / p).exists() for p in orphan_paths)
+    assert store.checkpoint(stream.name) == start  # the token did not move
+    assert store.batch_count(stream.name) == 0
+
+    # The next run takes over the dead run's lease and commits the same events once.
+    result = drain(stream, raw_client, store, lake)
+    assert result.events == 300
+    table = committed_table(store, lake, stream.name)
+    reference = direct_events(raw_client[db_name]["orders"], token_from_json(start.token))
+    assert table.column("event_id").to_pylist() == [e["_id"]["_data"] for e in reference]
+    committed = store.committed_paths(stream.name)
+    assert committed.isdisjoint(orphan_paths)
+
+    sweeps = collect_garbage(lake, store, min_age_seconds=0)
+    assert sorted(sweeps[0].result.removed) == sorted(orphan_paths)
+    assert not any((lake / p).exists() for p in orphan_paths)
+    assert all((lake / p).exists() for p in committed)
+    assert committed_table(store, lake, stream.name).num_rows == 300
+
+
+def test_two_concurrent_drains_one_fails_fast_no_double_commit(
+    mongod, client, raw_client, store, state_url, lake, make_stream, db_name, tmp_path
+):
+    stream = make_stream()
+    drain(stream, raw_client, store, lake)
+    client[db_name]["orders"].insert_many([{"i": i} for i in range(120)])
+
+    ready = tmp_path / "ready"
+    child = _start_child(mongod, state_url, lake, stream, ready)
+    _wait_for(ready, child)  # the child holds the lease and waits before its commit
+
+    started = time.monotonic()
+    with pytest.raises(LeaseHeld) as refused:
+        drain(stream, raw_client, store, lake)
+    assert time.monotonic() - started < 10  # fails fast: no waiting on the other run
+    assert "being drained by another run" in str(refused.value)
+    assert stream.name in str(refused.value)
+
+    Path(str(ready) + ".go").touch()
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert json.loads(out)["events"] == 120
+    assert store.batch_count(stream.name) == 1
+    assert committed_table(store, lake, stream.name).num_rows == 120
+    # And the stream is free again afterwards.
+    assert drain(stream, raw_client, store, lake).events == 0
+
+
+def test_a_run_whose_lease_was_taken_over_cannot_commit(store, make_stream):
+    stream = make_stream()
+    checkpoint = store.ensure_stream(stream)
+    zombie = store.acquire_lease(stream.name, timedelta(seconds=-1))  # already expired
+    usurper = store.acquire_lease(stream.name, timedelta(minutes=5))
+    assert usurper.epoch == zombie.epoch + 1
+
+    position = NewPosition(token='{"_data": "82AA"}', cluster_time=1)
+    with pytest.raises(LeaseLost):
+        store.commit_batch(zombie, checkpoint.version, None, position)
+    assert store.checkpoint(stream.name) == checkpoint
+    store.commit_batch(usurper, checkpoint.version, None, position)
+    assert store.checkpoint(stream.name).token == position.token
+
+
+def test_checkpoint_moves_only_from_the_version_a_run_started_from(store, make_stream):
+    stream = make_stream()
+    checkpoint = store.ensure_stream(stream)
+    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    first = NewPosition(token='{"_data": "82AA"}', cluster_time=1)
+    store.commit_batch(lease, checkpoint.version, None, first)
+    with pytest.raises(CheckpointConflict):
+        store.commit_batch(lease, checkpoint.version, None, NewPosition(token='{"_data": "82BB"}'))
+    assert store.checkpoint(stream.name).token == first.token
+
+
+def test_gc_leaves_a_stream_alone_while_a_run_holds_its_lease(store, make_stream, lake):
+    stream = make_stream()
+    orphan = lake / "raw" / stream.name / "date=2026-01-01" / "hour=00" / "x-00000.parquet"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"orphan")
+    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    sweeps = collect_garbage(lake, store, min_age_seconds=0)
+    assert sweeps[0].result is None and orphan.exists()
+    store.release_lease(lease)
+    sweeps = collect_garbage(lake, store, min_age_seconds=0)
+    assert sweeps[0].result.removed == [orphan.relative_to(lake).as_posix()]
+
+
+def test_two_store_handles_share_one_lease(state_url, make_stream):
+    """Leases live in the database, not in the process: a second handle sees the first's."""
+    stream = make_stream()
+    a, b = StateStore(state_url), StateStore(state_url)
+    try:
+        a.ensure_stream(stream)
+        a.acquire_lease(stream.name, timedelta(minutes=5))
+        with pytest.raises(LeaseHeld):
+            b.acquire_lease(stream.name, timedelta(minutes=5))
+    finally:
+        a.close()
+        b.close()

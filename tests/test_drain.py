@@ -1,0 +1,228 @@
+"""What a drain captures: exactly the change events of its range, every type, nothing twice."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pyarrow.compute as pc
+from bson import json_util
+
+from jobs.drain import drain
+from tests.helpers.lake_reading import committed_table, direct_events
+from tidemark.tokens import token_cluster_time, token_from_json
+from tidemark.workload import run_workload
+
+
+def _prime(stream, raw_client, store, lake):
+    """A first run on a new stream starts 'now' and commits the starting token."""
+    first = drain(stream, raw_client, store, lake)
+    assert first.events == 0
+    return store.checkpoint(stream.name).token
+
+
+def test_raw_zone_equals_direct_watch_over_the_same_range(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()
+    start = _prime(stream, raw_client, sqlite_store, lake)
+    run_workload(client, db_name, "orders", orders=400, seed=1)
+    result = drain(stream, raw_client, sqlite_store, lake, flush_rows=97)
+
+    reference = direct_events(raw_client[db_name]["orders"], token_from_json(start))
+    table = committed_table(sqlite_store, lake, stream.name)
+    ids = table.column("event_id").to_pylist()
+
+    assert result.events == len(reference) == table.num_rows > 400
+    assert ids == [e["_id"]["_data"] for e in reference]  # same events, same order
+    assert len(set(ids)) == len(ids)
+    # Byte-for-byte the same events as a plain watch() delivers.
+    assert table.column("raw").to_pylist() == [e.raw for e in reference]
+    assert dict(Counter(table.column("operation_type").to_pylist())) == result.events_by_type
+    assert len(result.files) > 1  # flush_rows forced several files; all in the manifest
+    on_disk = {p.relative_to(lake).as_posix() for p in (lake / "raw").rglob("*.parquet")}
+    assert on_disk == sqlite_store.committed_paths(stream.name)
+
+
+def test_quiet_stream_commits_no_file_and_moves_to_the_post_batch_token(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()
+    _prime(stream, raw_client, sqlite_store, lake)
+    client[db_name]["orders"].insert_one({"x": 1})
+    drain(stream, raw_client, sqlite_store, lake)
+    before = sqlite_store.checkpoint(stream.name)
+    batches_before = sqlite_store.batch_count(stream.name)
+
+    # Writes elsewhere move the oplog (and so the postBatchResumeToken) but not this stream.
+    client[db_name]["elsewhere"].insert_many([{"y": i} for i in range(5)])
+    quiet = drain(stream, raw_client, sqlite_store, lake)
+
+    after = sqlite_store.checkpoint(stream.name)
+    assert quiet.events == 0 and quiet.files == [] and quiet.stop_reason == "caught_up"
+    assert sqlite_store.batch_count(stream.name) == batches_before
+    assert after.version == before.version + 1
+    assert token_cluster_time(token_from_json(after.token)) > token_cluster_time(
+        token_from_json(before.token)
+    )
+
+
+def test_every_operation_type_and_envelope_field_is_kept(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    client[db_name].create_collection("orders", changeStreamPreAndPostImages={"enabled": True})
+    stream = make_stream(
+        collection=None,  # database scope: sees drop, rename and dropDatabase
+        full_document="updateLookup",
+        full_document_before_change="whenAvailable",
+        show_expanded_events=True,
+    )
+    _prime(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_one({"_id": 1, "v": 1})
+    coll.update_one({"_id": 1}, {"$set": {"v": 2}})
+    coll.replace_one({"_id": 1}, {"v": 3})
+    with client.start_session() as session, session.start_transaction():
+        coll.insert_one({"_id": 2, "v": 1}, session=session)
+        coll.update_one({"_id": 2}, {"$inc": {"v": 1}}, session=session)
+    coll.delete_one({"_id": 1})
+    coll.create_index("v")
+    coll.rename("orders_renamed")
+    client[db_name]["orders_renamed"].drop()
+    client.drop_database(db_name)
+
+    result = drain(stream, raw_client, sqlite_store, lake)
+    rows = committed_table(sqlite_store, lake, stream.name).to_pylist()
+    types = [r["operation_type"] for r in rows]
+    for expected in (
+        "insert",
+        "update",
+        "replace",
+        "delete",
+        "createIndexes",
+        "rename",
+        "drop",
+        "dropDatabase",
+        "invalidate",
+    ):
+        assert expected in types, expected
+    assert result.stop_reason == "invalidate"  # dropDatabase invalidates a database stream
+
+    update = rows[types.index("update")]
+    assert json_util.loads(update["full_document_before_change"]) == {"_id": 1, "v": 1}
+    # updateLookup happens at read time, after the delete: the post-image is null.
+    assert update["full_document"] is None
+    assert json_util.loads(update["update_description"])["updatedFields"] == {"v": 2}
+    assert update["wall_time"] is not None and update["cluster_time"] is not None
+    txn_rows = [r for r in rows if r["txn_number"] is not None]
+    assert len(txn_rows) == 2 and all(r["lsid"] for r in txn_rows)
+    assert len({r["cluster_time_inc"] for r in txn_rows}) == 1  # one transaction, one op time
+    rename = rows[types.index("rename")]
+    assert (rename["to_db"], rename["to_coll"]) == (db_name, "orders_renamed")
+    create = rows[types.index("createIndexes")]
+    assert "indexes" in json_util.loads(create["operation_description"])
+    # The checkpoint remembers the invalidate, so the next run opens with startAfter.
+    assert sqlite_store.checkpoint(stream.name).token_is_invalidate
+
+
+def test_transaction_events_keep_their_order_in_the_token(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()
+    _prime(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_one({"_id": "doc", "n": 0})
+    with client.start_session() as session, session.start_transaction():
+        for n in range(1, 8):
+            coll.update_one({"_id": "doc"}, {"$set": {"n": n}}, session=session)
+    drain(stream, raw_client, sqlite_store, lake)
+    table = committed_table(sqlite_store, lake, stream.name)
+    updates = table.filter(pc.equal(table.column("operation_type"), "update")).to_pylist()
+    assert len(updates) == 7
+    assert len({(u["cluster_time"], u["cluster_time_inc"]) for u in updates}) == 1
+    # Same cluster time for all: the token's _data alone orders them, as the server sent them.
+    values = [json_util.loads(u["update_description"])["updatedFields"]["n"] for u in updates]
+    by_token = [v for _, v in sorted(zip([u["event_id"] for u in updates], values, strict=True))]
+    assert values == by_token == list(range(1, 8))
+
+
+def test_budget_stops_a_run_and_the_next_resumes_exactly(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(budget={"max_events": 150})
+    start = _prime(stream, raw_client, sqlite_store, lake)
+    client[db_name]["orders"].insert_many([{"i": i} for i in range(400)])
+    runs = []
+    while True:
+        result = drain(stream, raw_client, sqlite_store, lake)
+        runs.append((result.events, result.stop_reason))
+        if result.stop_reason == "caught_up":
+            break
+    assert runs == [(150, "budget_events"), (150, "budget_events"), (100, "caught_up")]
+    table = committed_table(sqlite_store, lake, stream.name)
+    reference = direct_events(raw_client[db_name]["orders"], token_from_json(start))
+    assert table.column("event_id").to_pylist() == [e["_id"]["_data"] for e in reference]
+
+
+def test_run_stops_at_its_horizon(client, raw_client, sqlite_store, lake, make_stream, db_name):
+    """Events written after the run took its cluster time are left for the next run."""
+    stream = make_stream(batch_size=10)
+    _prime(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"i": i} for i in range(50)])
+    late = []
+    # A writer thread keeps writing while the run drains; the run must still end.
+    stop = threading.Event()
+
+    def writer():
+        n = 0
+        while not stop.is_set():
+            coll.insert_one({"late": n})
+            late.append(n)
+            n += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        result = drain(stream, raw_client, sqlite_store, lake)
+    finally:
+        stop.set()
+        thread.join()
+    assert result.stop_reason in ("horizon", "caught_up")
+    assert result.last_cluster_time <= result.horizon
+    assert result.events >= 50
+    # Nothing is lost: the next runs pick up everything written after the horizon.
+    while drain(stream, raw_client, sqlite_store, lake).stop_reason != "caught_up":
+        pass
+    total = committed_table(sqlite_store, lake, stream.name).num_rows
+    assert total == 50 + len(late)
+
+
+def test_start_at_a_configured_time(client, raw_client, sqlite_store, lake, make_stream, db_name):
+    coll = client[db_name]["orders"]
+    coll.insert_one({"before": True})
+    coll.insert_many([{"i": i} for i in range(3)])
+    stream = make_stream(start=datetime.now(UTC) - timedelta(seconds=60))
+    result = drain(stream, raw_client, sqlite_store, lake)
+    assert result.events == 4  # both writes lie after the start time
+
+
+def test_whole_cluster_stream_sees_every_database(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(
+        name="everything",
+        database=None,
+        collection=None,
+        pipeline=[{"$match": {"ns.db": {"$in": [db_name, db_name + "_b"]}}}],
+    )
+    _prime(stream, raw_client, sqlite_store, lake)
+    client[db_name]["a"].insert_one({"x": 1})
+    client[db_name + "_b"]["b"].insert_one({"x": 2})
+    try:
+        drain(stream, raw_client, sqlite_store, lake)
+        rows = committed_table(sqlite_store, lake, stream.name).to_pylist()
+        assert {(r["db"], r["coll"]) for r in rows} == {(db_name, "a"), (db_name + "_b", "b")}
+    finally:
+        client.drop_database(db_name + "_b")

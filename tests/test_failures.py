@@ -1,0 +1,142 @@
+"""Failures a user can cause or meet: each is a clear message, and nothing committed is harmed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+
+from jobs.drain import drain
+from resources.embedded_mongo import start_mongod, stop_mongod
+from resources.mongo import connect, oplog_window
+from tidemark.errors import (
+    HistoryLost,
+    LakeError,
+    MongoConnectionError,
+    ReplicaSetRequired,
+    StreamDefinitionChanged,
+)
+from tidemark.tokens import pack_ts
+
+
+def roll_oplog_past(client: MongoClient, packed_ts: int) -> None:
+    """Write to a tiny oplog until its first entry lies after `packed_ts`.
+
+    Truncation happens only after a checkpoint and on a later write, so write, fsync, repeat.
+    """
+    blob = "x" * 100_000
+    for _ in range(60):
+        client.shop.filler.insert_many([{"blob": blob} for _ in range(20)])
+        client.admin.command("fsync")
+        window = oplog_window(client)
+        if window and pack_ts(window.first) > packed_ts:
+            return
+        time.sleep(0.5)
+    raise AssertionError("the oplog was never truncated past the token")
+
+
+def test_standalone_server_is_refused_with_the_replica_set_message(tmp_path):
+    standalone = start_mongod(tmp_path / "standalone", replica_set=None)
+    try:
+        with pytest.raises(ReplicaSetRequired) as refused:
+            connect(standalone.uri)
+        message = str(refused.value)
+        assert "change streams need a replica set" in message
+        assert "--replSet" in message and "MONGODB_URI" in message
+    finally:
+        stop_mongod(standalone)
+
+
+def test_token_older_than_the_oplog_is_a_clear_error_and_the_checkpoint_stays(
+    tmp_path, sqlite_store, make_stream
+):
+    small = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
+    try:
+        writer: MongoClient = connect(small.uri)
+        raw = connect(small.uri, raw=True)
+        stream = make_stream(database="shop", collection="orders")
+        lake = tmp_path / "lake"
+        drain(stream, raw, sqlite_store, lake)
+        writer.shop.orders.insert_one({"first": True})
+        drain(stream, raw, sqlite_store, lake)
+        kept = sqlite_store.checkpoint(stream.name)
+        batches = sqlite_store.batch_count(stream.name)
+
+        roll_oplog_past(writer, kept.cluster_time)
+
+        with pytest.raises(HistoryLost) as lost:
+            drain(stream, raw, sqlite_store, lake)
+        message = str(lost.value)
+        assert "'orders'" in message and "no longer in the oplog" in message
+        assert "oplog's first entry is at" in message
+        assert "tidemark reset orders --to-now" in message and "re-snapshot" in message
+        assert sqlite_store.checkpoint(stream.name) == kept
+        assert sqlite_store.batch_count(stream.name) == batches
+        writer.close()
+        raw.close()
+    finally:
+        stop_mongod(small)
+
+
+def test_changed_pipeline_refuses_to_resume_and_names_reset(raw_client, store, lake, make_stream):
+    stream = make_stream()
+    drain(stream, raw_client, store, lake)
+    kept = store.checkpoint(stream.name)
+    changed = make_stream(pipeline=[{"$match": {"operationType": "insert"}}])
+    with pytest.raises(StreamDefinitionChanged) as refused:
+        drain(changed, raw_client, store, lake)
+    message = str(refused.value)
+    assert 'pipeline: [] -> [{"$match"' in message
+    assert "tidemark reset orders --to-now" in message
+    assert store.checkpoint(stream.name) == kept
+
+
+def test_changed_options_before_any_position_just_take_effect(store, make_stream):
+    store.ensure_stream(make_stream())  # registered, never drained
+    changed = make_stream(full_document="default")
+    assert store.ensure_stream(changed).fingerprint == changed.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("mongodb://user:s3cret@127.0.0.1:1/?serverSelectionTimeoutMS=500", "No MongoDB server"),
+        ("mongodb://user:s3cret@", "is not valid"),
+        ("http://example.com", "is not valid"),
+    ],
+)
+def test_bad_uri_or_unreachable_host_is_a_clear_error_without_the_password(uri, expected):
+    with pytest.raises(MongoConnectionError) as refused:
+        connect(uri, timeout_ms=500)
+    message = str(refused.value)
+    assert expected in message
+    assert "s3cret" not in message
+
+
+def test_wrong_credentials_are_named(mongod, tmp_path):
+    auth = start_mongod(tmp_path / "auth", extra_args=("--auth",), replica_set=None)
+    try:
+        uri = f"mongodb://nobody:wrong@127.0.0.1:{auth.port}/?directConnection=true"
+        with pytest.raises(MongoConnectionError) as refused:
+            connect(uri, timeout_ms=3000)
+        assert "authentication failed" in str(refused.value)
+        assert "wrong" not in str(refused.value)
+    finally:
+        stop_mongod(auth)
+
+
+def test_lake_that_is_a_file_is_a_clear_error(raw_client, sqlite_store, make_stream, tmp_path):
+    lake = tmp_path / "not-a-dir"
+    lake.write_text("")
+    with pytest.raises(LakeError) as refused:
+        drain(make_stream(), raw_client, sqlite_store, lake)
+    assert "TIDEMARK_LAKE" in str(refused.value)
+    assert sqlite_store.checkpoint("orders") is None  # refused before anything was registered
+
+
+def test_password_never_reaches_the_error(tmp_path: Path):
+    with pytest.raises(MongoConnectionError) as refused:
+        connect("mongodb://admin:hunter2@127.0.0.1:1/", timeout_ms=300)
+    assert "hunter2" not in str(refused.value) and "admin:***@" in str(refused.value)
