@@ -11,23 +11,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import bsonjs
 import pyarrow as pa
-from bson import json_util
-from bson.codec_options import CodecOptions, DatetimeConversion
-from bson.json_util import JSONMode, JSONOptions
 from bson.raw_bson import RawBSONDocument
-
-# Dates outside Python's datetime range stay DatetimeMS instead of failing the whole batch.
-_DOC_CODEC = CodecOptions(
-    document_class=RawBSONDocument,
-    tz_aware=True,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-)
-_JSON = JSONOptions(
-    json_mode=JSONMode.CANONICAL,
-    tz_aware=True,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-)
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -56,9 +42,15 @@ RAW_SCHEMA = pa.schema(
 
 
 def _json(value: Any) -> str | None:
+    """Canonical Extended JSON straight from the sub-document's BSON bytes (libbson, in C).
+
+    Nested values of a RawBSONDocument stay undecoded, so no Python object is built for the
+    document's fields; the output round-trips to the same bytes (int32 vs int64, -0.0, NaN,
+    dates outside Python's range and all).
+    """
     if value is None:
         return None
-    return json_util.dumps(value, json_options=_JSON)
+    return bsonjs.dumps(value.raw, mode=bsonjs.CANONICAL)
 
 
 class EventColumns:
@@ -73,8 +65,7 @@ class EventColumns:
 
     def add(self, event: RawBSONDocument) -> None:
         raw = event.raw
-        # Re-decode with the tolerant codec: nested values stay raw until serialized.
-        doc = RawBSONDocument(raw, _DOC_CODEC)
+        doc = event  # top-level fields decoded once by the driver; sub-documents stay raw
         c = self.columns
         c["event_id"].append(doc["_id"]["_data"])
         c["operation_type"].append(doc["operationType"])
@@ -92,7 +83,7 @@ class EventColumns:
         c["to_db"].append(to.get("db") if to is not None else None)
         c["to_coll"].append(to.get("coll") if to is not None else None)
         uuid = doc.get("collectionUUID")
-        c["collection_uuid"].append(uuid.hex() if hasattr(uuid, "hex") else _json(uuid))
+        c["collection_uuid"].append(bytes(uuid).hex() if uuid is not None else None)
         c["document_key"].append(_json(doc.get("documentKey")))
         c["full_document"].append(_json(doc.get("fullDocument")))
         c["full_document_before_change"].append(_json(doc.get("fullDocumentBeforeChange")))
