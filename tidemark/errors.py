@@ -62,3 +62,11 @@ class LakeError(TidemarkError):
 
 class UnknownStream(TidemarkError):
     """A stream name that the config does not declare."""
+
+
+class SparkUnavailable(TidemarkError):
+    """Spark cannot start: no suitable Java, or the session failed to come up."""
+
+
+class TransformConflict(TidemarkError):
+    """Another transform committed a version of this stream first; nothing was committed."""
