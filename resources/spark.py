@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,8 @@ def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
     else:
         check_java()
         os.environ.setdefault("SPARK_CONF_DIR", _conf_dir())
+        # Python UDF workers must run this interpreter (its venv has pandas, bsonjs, ...).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         if config.master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             settings.setdefault("spark.driver.bindAddress", "127.0.0.1")

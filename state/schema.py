@@ -78,7 +78,7 @@ checkpoints = Table(
 leases = Table(
     "tidemark_leases",
     metadata,
-    Column("stream", String(64), primary_key=True),
+    Column("stream", String(100), primary_key=True),  # a stream, or "transform:<stream>"
     Column("owner", String(200)),  # NULL when released
     Column("host", String(200)),
     Column("pid", Integer),
@@ -128,4 +128,28 @@ resets = Table(
     Column("to_description", Text, nullable=False),
     Column("old_fingerprint", String(64)),
     Column("new_fingerprint", String(64), nullable=False),
+)
+
+current_versions = Table(
+    "tidemark_transform_runs",  # one per committed transform run; a version of `current` if path
+    metadata,
+    Column("stream", String(64), ForeignKey("tidemark_streams.name"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("path", String(1024)),  # the current-state version, relative to the lake root
+    Column("rows", BigInteger, nullable=False),
+    Column("doc_schema", Text, nullable=False),  # Spark StructType JSON of the document columns
+    Column("events_folded", BigInteger, nullable=False),
+    Column("changes_added", BigInteger, nullable=False),
+    Column("changes_staging", String(1024)),  # set until the run's change-log files are published
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("pruned_at", UTCDateTime),
+)
+
+transformed_batches = Table(
+    "tidemark_transformed_batches",
+    metadata,
+    Column("batch_id", String(64), ForeignKey("tidemark_batches.id"), primary_key=True),
+    Column("stream", String(64), nullable=False, index=True),
+    Column("version", Integer),  # the current-state version that folded it (None: all duplicates)
+    Column("transformed_at", UTCDateTime, nullable=False),
 )

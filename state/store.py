@@ -32,6 +32,7 @@ from tidemark.errors import (
     LeaseLost,
     StateStoreError,
     StreamDefinitionChanged,
+    TransformConflict,
 )
 
 
@@ -101,6 +102,20 @@ class BatchRecord:
     window_end: int | None = None
     committed_at: datetime | None = None
     epoch: int = 0
+
+
+@dataclass(frozen=True)
+class CurrentVersion:
+    stream: str
+    version: int
+    path: str | None  # None: the run only extended the change log (current_table: false)
+    rows: int
+    doc_schema: str
+    events_folded: int
+    changes_added: int
+    changes_staging: str | None
+    created_at: datetime
+    pruned_at: datetime | None = None
 
 
 def new_batch_id() -> str:
@@ -597,6 +612,121 @@ class StateStore:
         b = schema.batches
         with self._tx("batch count") as conn:
             return conn.execute(select(func.count()).where(b.c.stream == stream)).scalar_one()
+
+
+class TransformState:
+    """The transform's half of the store: versions of `current` and which batches are folded."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def untransformed_batches(self, stream: str) -> list[BatchRecord]:
+        done = self._transformed_ids(stream)
+        return [b for b in self.store.batches(stream) if b.id not in done]
+
+    def _transformed_ids(self, stream: str) -> set[str]:
+        t = schema.transformed_batches
+        with self.store._tx("transform progress") as conn:
+            return set(conn.execute(select(t.c.batch_id).where(t.c.stream == stream)).scalars())
+
+    def versions(self, stream: str, include_pruned: bool = False) -> list[CurrentVersion]:
+        v = schema.current_versions
+        query = select(v).where(v.c.stream == stream, v.c.path.is_not(None))
+        query = query.order_by(v.c.version)
+        if not include_pruned:
+            query = query.where(v.c.pruned_at.is_(None))
+        with self.store._tx("version list") as conn:
+            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+
+    def runs(self, stream: str) -> list[CurrentVersion]:
+        """Every committed run, with or without a current-state version."""
+        v = schema.current_versions
+        query = select(v).where(v.c.stream == stream).order_by(v.c.version)
+        with self.store._tx("run list") as conn:
+            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+
+    def latest(self, stream: str) -> CurrentVersion | None:
+        """The newest committed run (its number is the next run's compare-and-set base)."""
+        found = self.runs(stream)
+        return found[-1] if found else None
+
+    def latest_version(self, stream: str) -> CurrentVersion | None:
+        """The newest current-state version."""
+        found = self.versions(stream, include_pruned=True)
+        return found[-1] if found else None
+
+    def commit(
+        self,
+        lease: Lease,
+        stream: str,
+        expected_latest: int | None,
+        version: CurrentVersion | None,
+        batch_ids: list[str],
+    ) -> None:
+        """One transaction: fence, check no other version landed, add the version, mark batches."""
+        v = schema.current_versions
+        with self.store._tx("transform commit") as conn:
+            self.store._fence(conn, lease, timedelta(minutes=30))
+            latest = conn.execute(
+                select(func.max(v.c.version)).where(v.c.stream == stream)
+            ).scalar_one_or_none()
+            if latest != expected_latest:
+                raise TransformConflict(
+                    f"Another transform of stream {stream!r} committed version {latest} while this "
+                    f"one worked from version {expected_latest}; nothing was committed.",
+                    "Run the transform again: it starts from the newest version.",
+                )
+            if version is not None:
+                conn.execute(
+                    insert(v).values(
+                        **{
+                            k: getattr(version, k)
+                            for k in (
+                                "stream",
+                                "version",
+                                "path",
+                                "rows",
+                                "doc_schema",
+                                "events_folded",
+                                "changes_added",
+                                "changes_staging",
+                                "created_at",
+                            )
+                        }
+                    )
+                )
+            if batch_ids:
+                now = _now()
+                conn.execute(
+                    insert(schema.transformed_batches),
+                    [
+                        {
+                            "batch_id": b,
+                            "stream": stream,
+                            "version": version.version if version else None,
+                            "transformed_at": now,
+                        }
+                        for b in batch_ids
+                    ],
+                )
+
+    def mark_published(self, stream: str, version: int) -> None:
+        v = schema.current_versions
+        with self.store._tx("publish") as conn:
+            conn.execute(
+                update(v)
+                .where(v.c.stream == stream, v.c.version == version)
+                .values(changes_staging=None)
+            )
+
+    def mark_pruned(self, stream: str, version: int) -> None:
+        v = schema.current_versions
+        with self.store._tx("prune") as conn:
+            conn.execute(
+                update(v)
+                .where(v.c.stream == stream, v.c.version == version)
+                .values(pruned_at=_now())
+            )
 
 
 def _dead_local(host: str | None, pid: int | None) -> bool:

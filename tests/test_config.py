@@ -61,6 +61,7 @@ def test_a_good_file_loads(tmp_path):
         ("streams:\n  - name: a\n    batch_size: 0\n", "batch_size"),
         ("streams:\n  - name: a\n    full_document: always\n", "full_document"),
         ("streams: []\n", "streams"),
+        ("streams:\n  - name: a\n    full_document: default\n", "needs the document after each"),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, expected):
@@ -81,7 +82,7 @@ def test_fingerprint_covers_what_tokens_depend_on_and_nothing_else():
     assert same.fingerprint() == base.fingerprint()
     for change in (
         {"pipeline": [{"$match": {"x": 1}}]},
-        {"full_document": "default"},
+        {"full_document": "default", "current_table": False},
         {"full_document_before_change": "required"},
         {"show_expanded_events": True},
         {"collection": "other"},

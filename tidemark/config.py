@@ -63,6 +63,8 @@ class StreamConfig(BaseModel):
     max_await_time_ms: Annotated[int, Field(gt=0, le=60_000)] = 1000
     budget: Budget = Field(default_factory=Budget)
     start: Literal["now"] | datetime = "now"
+    current_table: bool = True  # fold into the versioned current-state table
+    keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
 
     @field_validator("start")
     @classmethod
@@ -86,6 +88,16 @@ class StreamConfig(BaseModel):
     def _collection_needs_database(self) -> StreamConfig:
         if self.collection is not None and self.database is None:
             raise ValueError("'collection' is set but 'database' is not: name the database too")
+        return self
+
+    @model_validator(mode="after")
+    def _current_needs_post_images(self) -> StreamConfig:
+        if self.current_table and self.full_document == "default":
+            raise ValueError(
+                "this stream feeds the current-state table, which needs the document after each "
+                "update: set full_document to updateLookup (or whenAvailable / required with "
+                "pre- and post-images enabled on the collection), or set current_table: false"
+            )
         return self
 
     @property
