@@ -121,3 +121,12 @@ def sqlite_store(tmp_path: Path) -> Iterator[StateStore]:
     s = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
     yield s
     s.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from resources.spark import SparkConfig, spark_session, stop_if_created
+
+    session, created = spark_session(SparkConfig(master="local[2]", driver_memory="2g"))
+    yield session
+    stop_if_created(session, created)
