@@ -44,13 +44,16 @@ def connect(
     """A client whose server answered and is a replica set or sharded cluster."""
     shown = redact_uri(uri)
     kwargs: dict[str, Any] = {
-        "serverSelectionTimeoutMS": timeout_ms,
         "appname": "tidemark",
         "tz_aware": True,
         **options,
     }
     if raw:
         kwargs["document_class"] = RawBSONDocument
+    if "serverselectiontimeoutms" in uri.lower():
+        timeout_ms = _uri_timeout(uri, timeout_ms)  # the URI's own setting wins
+    else:
+        kwargs["serverSelectionTimeoutMS"] = timeout_ms
     try:
         client: MongoClient = MongoClient(uri, **kwargs)
     except (InvalidURI, ConfigurationError, ValueError, TypeError) as exc:
@@ -92,6 +95,11 @@ def connect(
             "set is fine), or point MONGODB_URI at a replica set.",
         )
     return client
+
+
+def _uri_timeout(uri: str, default: int) -> int:
+    match = re.search(r"serverSelectionTimeoutMS=(\d+)", uri, re.IGNORECASE)
+    return int(match.group(1)) if match else default
 
 
 def is_sharded(client: MongoClient) -> bool:

@@ -189,3 +189,33 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     assert read_changes(spark, lake, stream.name).count() == 15
     leftovers = [p.name for p in (lake / "curated" / stream.name / "current").iterdir()]
     assert sorted(leftovers) == ["v=000001", "v=000002"]
+
+
+def test_rename_drop_and_drop_database_act_on_whole_namespaces(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(collection=None)  # the whole database
+    drain(stream, raw_client, sqlite_store, lake)
+    db = client[db_name]
+    db.a.insert_many([{"_id": i, "from": "a"} for i in range(5)])
+    db.b.insert_many([{"_id": i, "from": "b"} for i in range(3)])
+    db.target.insert_one({"_id": 99, "old": True})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    db.a.update_one({"_id": 1}, {"$set": {"touched": True}})
+    db.a.rename("target", dropTarget=True)  # target's old document goes, a's move over
+    db.target.insert_one({"_id": 5, "after": "rename"})
+    db.b.drop()
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    got = {(r._tm_coll, r._tm_key): r._tm_document for r in rows}
+    expected = {("target", k): v for k, v in source_state(raw_client, db_name, "target").items()}
+    assert got == expected and len(got) == 6
+
+    client.drop_database(db_name)
+    _drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    assert read_current(spark, sqlite_store, lake, stream.name).count() == 0

@@ -44,7 +44,57 @@ def run_demo(runtime: Runtime, orders: int = 500, seed: int | None = None) -> li
         writer.close()
     print()
     print(summary(results, runtime.lake_root))
+    print()
+    show_tables(runtime, streams)
     return results
+
+
+def show_tables(runtime: Runtime, streams: list) -> None:
+    """Run the Spark transform and print a few rows of `current` and `changes`."""
+    from jobs.tables import read_changes, read_current
+    from jobs.transform import transform
+    from resources.spark import spark_session, stop_if_created
+
+    print("Starting Spark for the transform ...")
+    spark, created = spark_session()
+    try:
+        for stream in streams:
+            result = transform(spark, runtime.store, runtime.lake_root, stream)
+            print(
+                f"transform {stream.name}: version {result.version}, {result.changes_added:,} "
+                f"new changes, {result.duplicates_skipped:,} duplicates skipped, "
+                f"{result.rows or 0:,} rows in current ({result.duration_s:.1f} s)"
+            )
+            current = read_current(spark, runtime.store, runtime.lake_root, stream.name)
+            doc_fields = [
+                name
+                for name, dtype in current.dtypes
+                if not name.startswith("_tm_") and not dtype.startswith(("struct", "array"))
+            ][:6]
+            rows = current.select("_tm_coll", *doc_fields).limit(5).collect()
+            print(f"\ncurrent ({current.count():,} rows; document fields as columns):")
+            print(format_table(["coll", *doc_fields], [[_short(v) for v in r] for r in rows]))
+            changes = read_changes(spark, runtime.lake_root, stream.name)
+            recent = (
+                changes.orderBy(changes.event_id.desc())
+                .select("cluster_time", "operation_type", "document_key", "updated_fields")
+                .limit(5)
+                .collect()
+            )
+            print(f"\nchanges ({changes.count():,} events, newest first):")
+            print(
+                format_table(
+                    ["cluster time", "operation", "document key", "updated fields"],
+                    [[_short(v) for v in r] for r in recent],
+                )
+            )
+    finally:
+        stop_if_created(spark, created)
+
+
+def _short(value: object, width: int = 44) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def summary(results: list[DrainResult], lake_root: Path) -> str:
