@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from state.store import (
     StateStore,
     new_batch_id,
 )
-from tidemark.config import StreamConfig
+from tidemark.config import Budget, StreamConfig
 from tidemark.tokens import (
     datetime_to_ts,
     pack_ts,
@@ -164,6 +164,93 @@ class RawBatchWriter:
         self.buffered_bytes = 0
 
 
+@dataclass
+class Capture:
+    """What one pass over a change stream consumed."""
+
+    events: int = 0
+    bytes: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    first_ts: Timestamp | None = None
+    last_ts: Timestamp | None = None
+    first_id: str | None = None
+    last_id: str | None = None
+    token: Any = None  # the resume token after the last event consumed
+    stop: str = ""
+    invalidated: bool = False
+
+
+def capture(
+    change_stream: Any,
+    writer: RawBatchWriter,
+    budget: Budget,
+    is_past_end: Callable[[Timestamp], bool],
+    keep_alive: Callable[[], None],
+) -> Capture:
+    """Consume events until caught up, past the end, a budget, or an invalidate."""
+    clock = time.monotonic()
+    renewed = clock
+    got = Capture(token=change_stream.resume_token)
+    while True:
+        if budget.max_events and got.events >= budget.max_events:
+            got.stop = "budget_events"
+            return got
+        if budget.max_bytes and got.bytes >= budget.max_bytes:
+            got.stop = "budget_bytes"
+            return got
+        if budget.max_seconds and time.monotonic() - clock >= budget.max_seconds:
+            got.stop = "budget_seconds"
+            return got
+        if time.monotonic() - renewed > LEASE_TTL.total_seconds() / 3:
+            keep_alive()
+            renewed = time.monotonic()
+        event = change_stream.try_next()
+        if event is None:
+            # The server found nothing within maxAwaitTimeMS: resume_token is now the
+            # postBatchResumeToken, which moves quiet streams forward too.
+            got.token = change_stream.resume_token
+            got.stop = "caught_up"
+            return got
+        ts = event["clusterTime"]
+        if is_past_end(ts):
+            got.stop = "horizon"  # not consumed: the token still points just before it
+            return got
+        writer.add(event, ts)
+        operation = event["operationType"]
+        got.counts[operation] += 1
+        got.events += 1
+        got.bytes += len(event.raw)
+        got.last_id = event["_id"]["_data"]
+        got.first_id = got.first_id or got.last_id
+        got.first_ts = got.first_ts or ts
+        got.last_ts = ts
+        got.token = change_stream.resume_token
+        if operation == "invalidate":
+            got.token = event["_id"]
+            got.invalidated = True
+            got.stop = "invalidate"
+            return got
+
+
+def batch_record(
+    batch_id: str, stream: str, source: str, got: Capture, files: list[FileEntry], **extra: Any
+) -> BatchRecord:
+    return BatchRecord(
+        id=batch_id,
+        stream=stream,
+        source=source,
+        event_count=got.events,
+        bytes=got.bytes,
+        files=files,
+        events_by_type=dict(got.counts),
+        first_event_id=got.first_id,
+        last_event_id=got.last_id,
+        first_cluster_time=pack_ts(got.first_ts) if got.first_ts else None,
+        last_cluster_time=pack_ts(got.last_ts) if got.last_ts else None,
+        **extra,
+    )
+
+
 def drain(
     stream: StreamConfig,
     client: MongoClient,
@@ -177,98 +264,42 @@ def drain(
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     ensure_writable(lake_root)
-    checkpoint = store.ensure_stream(stream)
+    store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, LEASE_TTL)
     try:
-        checkpoint = store.checkpoint(stream.name) or checkpoint  # as of holding the lease
+        checkpoint = store.checkpoint(stream.name)  # as of holding the lease
+        assert checkpoint is not None
         options = start_options(checkpoint, stream)
         horizon = cluster_time(client)
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
-        counts: Counter[str] = Counter()
-        first_ts: Timestamp | None = None
-        last_ts: Timestamp | None = None
-        first_id: str | None = None
-        last_id: str | None = None
-        total_bytes = 0
-        events = 0
-        budget = stream.budget
-        renewed = clock
-        invalidated = False
         try:
             with open_stream(client, stream, options) as change_stream:
-                token = change_stream.resume_token
-                while True:
-                    elapsed = time.monotonic() - clock
-                    if budget.max_events and events >= budget.max_events:
-                        stop = "budget_events"
-                        break
-                    if budget.max_bytes and total_bytes >= budget.max_bytes:
-                        stop = "budget_bytes"
-                        break
-                    if budget.max_seconds and elapsed >= budget.max_seconds:
-                        stop = "budget_seconds"
-                        break
-                    if time.monotonic() - renewed > LEASE_TTL.total_seconds() / 3:
-                        store.renew_lease(lease, LEASE_TTL)
-                        renewed = time.monotonic()
-                    event = change_stream.try_next()
-                    if event is None:
-                        # The server found nothing within maxAwaitTimeMS: resume_token is now
-                        # the postBatchResumeToken, which moves quiet streams forward too.
-                        token = change_stream.resume_token
-                        stop = "caught_up"
-                        break
-                    ts = event["clusterTime"]
-                    if ts > horizon:
-                        # Not consumed: `token` still points just before this event.
-                        stop = "horizon"
-                        break
-                    writer.add(event, ts)
-                    operation = event["operationType"]
-                    counts[operation] += 1
-                    events += 1
-                    total_bytes += len(event.raw)
-                    last_id = event["_id"]["_data"]
-                    first_id = first_id or last_id
-                    first_ts = first_ts or ts
-                    last_ts = ts
-                    token = change_stream.resume_token
-                    if operation == "invalidate":
-                        token = event["_id"]
-                        invalidated = True
-                        stop = "invalidate"
-                        break
+                got = capture(
+                    change_stream,
+                    writer,
+                    stream.budget,
+                    lambda ts: ts > horizon,
+                    lambda: store.renew_lease(lease, LEASE_TTL),
+                )
         except OperationFailure as exc:
             raise translate(exc, stream.name, client, position_time(checkpoint, options)) from None
         writer.flush()
-        files = writer.files
         if before_commit is not None:
-            before_commit(files)
-        token_json = token_to_json(token) if token is not None else None
-        token_ts = token_cluster_time(token) if token is not None else None
+            before_commit(writer.files)
+        token_json = token_to_json(got.token) if got.token is not None else None
+        token_ts = token_cluster_time(got.token) if got.token is not None else None
         position = None
         if token_json is not None and token_json != checkpoint.token:
             position = NewPosition(
                 token=token_json,
-                token_is_invalidate=invalidated,
+                token_is_invalidate=got.invalidated,
                 cluster_time=pack_ts(token_ts) if token_ts else None,
             )
         batch = None
-        if events:
-            batch = BatchRecord(
-                id=batch_id,
-                stream=stream.name,
-                source="incremental",
-                event_count=events,
-                bytes=total_bytes,
-                files=files,
-                events_by_type=dict(counts),
-                first_event_id=first_id,
-                last_event_id=last_id,
-                first_cluster_time=pack_ts(first_ts) if first_ts else None,
-                last_cluster_time=pack_ts(last_ts) if last_ts else None,
-                token_after=token_json,
+        if got.events:
+            batch = batch_record(
+                batch_id, stream.name, "incremental", got, writer.files, token_after=token_json
             )
         version = None
         if batch is not None or position is not None:
@@ -277,14 +308,14 @@ def drain(
         store.release_lease(lease)
     return DrainResult(
         stream=stream.name,
-        batch_id=batch_id if events else None,
-        events=events,
-        bytes=total_bytes,
-        files=files,
-        events_by_type=dict(counts),
-        stop_reason=stop,
-        first_cluster_time=first_ts,
-        last_cluster_time=last_ts,
+        batch_id=batch_id if got.events else None,
+        events=got.events,
+        bytes=got.bytes,
+        files=writer.files,
+        events_by_type=dict(got.counts),
+        stop_reason=got.stop,
+        first_cluster_time=got.first_ts,
+        last_cluster_time=got.last_ts,
         token_cluster_time=token_ts
         or (unpack_ts(checkpoint.cluster_time) if checkpoint.cluster_time else None),
         horizon=horizon,

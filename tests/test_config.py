@@ -62,6 +62,11 @@ def test_a_good_file_loads(tmp_path):
         ("streams:\n  - name: a\n    full_document: always\n", "full_document"),
         ("streams: []\n", "streams"),
         ("streams:\n  - name: a\n    full_document: default\n", "needs the document after each"),
+        ("streams:\n  - name: a\n    schedule: every five minutes\n", "is not a cron expression"),
+        (
+            "streams:\n  - name: a\n    replay: {cron: hourly}\n",
+            "replay.cron: 'hourly' is not a cron",
+        ),
     ],
 )
 def test_mistakes_are_named(tmp_path, text, expected):

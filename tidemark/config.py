@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,6 +36,7 @@ ALLOWED_STAGES = {
 }
 
 Scope = Literal["collection", "database", "cluster"]
+_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?LW#]+")
 
 
 class Budget(BaseModel):
@@ -45,6 +47,44 @@ class Budget(BaseModel):
     max_events: Annotated[int, Field(gt=0)] | None = 1_000_000
     max_bytes: Annotated[int, Field(gt=0)] | None = 1 << 30
     max_seconds: Annotated[float, Field(gt=0)] | None = 300.0
+
+
+def check_cron(value: str) -> str:
+    # Shape only (Dagster validates fully when it builds the schedule): five fields.
+    fields = value.split()
+    if len(fields) != 5 or not all(_CRON_FIELD.fullmatch(f) for f in fields):
+        raise ValueError(f"{value!r} is not a cron expression, e.g. '*/5 * * * *'")
+    return value
+
+
+class Replay(BaseModel):
+    """The time-window partitions of the backfill-by-operation-time asset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str = "0 * * * *"  # one partition per hour; "0 0 * * *" for days
+    start: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+
+    @field_validator("start")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        return check_cron(value)
+
+
+class Checks(BaseModel):
+    """Thresholds of the asset checks (seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lag_warn_seconds: Annotated[float, Field(gt=0)] = 15 * 60
+    lag_error_seconds: Annotated[float, Field(gt=0)] = 60 * 60
+    headroom_warn_seconds: Annotated[float, Field(gt=0)] = 24 * 3600
+    headroom_error_seconds: Annotated[float, Field(gt=0)] = 3 * 3600
 
 
 class StreamConfig(BaseModel):
@@ -65,6 +105,9 @@ class StreamConfig(BaseModel):
     start: Literal["now"] | datetime = "now"
     current_table: bool = True  # fold into the versioned current-state table
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
+    schedule: str = "*/5 * * * *"  # cron of the Dagster schedule
+    replay: Replay = Field(default_factory=Replay)
+    checks: Checks = Field(default_factory=Checks)
 
     @field_validator("start")
     @classmethod
@@ -89,6 +132,11 @@ class StreamConfig(BaseModel):
         if self.collection is not None and self.database is None:
             raise ValueError("'collection' is set but 'database' is not: name the database too")
         return self
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        return check_cron(value)
 
     @model_validator(mode="after")
     def _current_needs_post_images(self) -> StreamConfig:

@@ -1,0 +1,127 @@
+"""The asset factory: per stream, a group of raw_changes -> changes -> current, and replay."""
+
+from collections.abc import Iterator
+
+import dagster as dg
+
+from jobs.drain import drain
+from jobs.replay import replay
+from jobs.status import stream_status
+from jobs.transform import transform
+from orchestration.metadata import drain_metadata, explained, transform_metadata
+from resources.dagster_resources import (
+    LakeResource,
+    MongoResource,
+    SparkResource,
+    StateStoreResource,
+)
+from tidemark.config import StreamConfig
+
+
+def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
+    return {
+        name: dg.AssetKey([stream.name, name])
+        for name in ("raw_changes", "changes", "current", "replay")
+    }
+
+
+def pool(stream: StreamConfig) -> str:
+    """One concurrency pool per stream (limit 1): a stream never runs twice at once."""
+    return f"tidemark_{stream.name}"
+
+
+def replay_partitions(stream: StreamConfig) -> dg.TimeWindowPartitionsDefinition:
+    minutes = stream.replay.cron.split()[0] != "0"
+    return dg.TimeWindowPartitionsDefinition(
+        cron_schedule=stream.replay.cron,
+        start=stream.replay.start,
+        fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
+        timezone="UTC",
+    )
+
+
+def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
+    k = keys(stream)
+    meta = {"namespace": stream.namespace, "scope": stream.scope}
+
+    @dg.asset(
+        key=k["raw_changes"],
+        group_name=stream.name,
+        pool=pool(stream),
+        kinds={"mongodb", "parquet"},
+        metadata=meta,
+    )
+    def raw_changes(
+        mongo: MongoResource, state: StateStoreResource, lake: LakeResource
+    ) -> dg.MaterializeResult:
+        """The stream's raw zone. Each run drains the change stream from the stored resume token
+        to its postBatchResumeToken (or the run's horizon, or its budget), writes the events as
+        Hive-partitioned Parquet and commits the files and the new token in one transaction."""
+        with explained():
+            result = drain(stream, mongo.raw_client(), state.store(), lake.path)
+            status = stream_status(stream, mongo.raw_client(), state.store())
+        return dg.MaterializeResult(metadata=drain_metadata(result, status))
+
+    @dg.asset(
+        key=k["replay"],
+        group_name=stream.name,
+        partitions_def=replay_partitions(stream),
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        pool=pool(stream),
+        kinds={"mongodb", "parquet"},
+        metadata=meta,
+    )
+    def replay_window(
+        context: dg.AssetExecutionContext,
+        mongo: MongoResource,
+        state: StateStoreResource,
+        lake: LakeResource,
+    ) -> dg.MaterializeResult:
+        """Backfill by operation time: replays the change stream over the partition's window
+        [start, end) with startAtOperationTime, into batches marked as replay. The incremental
+        checkpoint never moves; the transform drops events it already has."""
+        window = context.partition_time_window
+        with explained():
+            result = replay(
+                stream, mongo.raw_client(), state.store(), lake.path, window.start, window.end
+            )
+        metadata = drain_metadata(result, None)
+        metadata["window_start"] = dg.MetadataValue.timestamp(window.start)
+        metadata["window_end"] = dg.MetadataValue.timestamp(window.end)
+        return dg.MaterializeResult(metadata=metadata)
+
+    specs = [
+        dg.AssetSpec(
+            k["changes"],
+            deps=[k["raw_changes"], k["replay"]],
+            group_name=stream.name,
+            kinds={"spark", "parquet"},
+            description="The change log: one row per event, typed and flattened, de-duplicated "
+            "by event id and partitioned by date.",
+        )
+    ]
+    if stream.current_table:
+        specs.append(
+            dg.AssetSpec(
+                k["current"],
+                deps=[k["changes"]],
+                group_name=stream.name,
+                kinds={"spark", "parquet"},
+                description="The current state: one row per live document, a new version per "
+                "run (the newest event per key wins, in event order).",
+            )
+        )
+
+    @dg.multi_asset(specs=specs, name=f"{stream.name}_transform", pool=pool(stream))
+    def spark_transform(
+        state: StateStoreResource, lake: LakeResource, spark: SparkResource
+    ) -> Iterator[dg.MaterializeResult]:
+        """Folds the committed raw batches into `changes` and `current` in one Spark step."""
+        with explained():
+            result = transform(spark.session(), state.store(), lake.path, stream)
+        metadata = transform_metadata(result)
+        yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])
+        if stream.current_table:
+            yield dg.MaterializeResult(asset_key=k["current"], metadata=metadata["current"])
+
+    return [raw_changes, replay_window, spark_transform]

@@ -1,0 +1,117 @@
+"""Asset checks per stream: lag, oplog headroom, current vs source count, uncommitted files."""
+
+import dagster as dg
+
+from jobs.health import source_count, uncommitted_files
+from jobs.status import stream_status
+from orchestration.assets import keys
+from orchestration.metadata import explained
+from resources.dagster_resources import LakeResource, MongoResource, StateStoreResource
+from state.store import TransformState
+from tidemark.config import StreamConfig
+
+
+def _graded(
+    value: float | None, warn: float, error: float, higher_is_worse: bool
+) -> tuple[bool, dg.AssetCheckSeverity]:
+    if value is None:
+        return False, dg.AssetCheckSeverity.WARN
+    bad_error = value > error if higher_is_worse else value < error
+    bad_warn = value > warn if higher_is_worse else value < warn
+    if bad_error:
+        return False, dg.AssetCheckSeverity.ERROR
+    if bad_warn:
+        return False, dg.AssetCheckSeverity.WARN
+    return True, dg.AssetCheckSeverity.WARN
+
+
+def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
+    k = keys(stream)
+    limits = stream.checks
+
+    @dg.asset_check(asset=k["raw_changes"], name="lag", blocking=False)
+    def lag(mongo: MongoResource, state: StateStoreResource) -> dg.AssetCheckResult:
+        """Seconds between the cluster's time and the stored token's, against the thresholds."""
+        with explained():
+            status = stream_status(stream, mongo.raw_client(), state.store())
+        passed, severity = _graded(
+            status.lag_seconds, limits.lag_warn_seconds, limits.lag_error_seconds, True
+        )
+        return dg.AssetCheckResult(
+            passed=passed,
+            severity=severity,
+            metadata={
+                "lag_seconds": float(status.lag_seconds or 0.0),
+                "warn_above": limits.lag_warn_seconds,
+                "error_above": limits.lag_error_seconds,
+            },
+            description=None
+            if status.lag_seconds is not None
+            else "the stream has no position yet",
+        )
+
+    @dg.asset_check(asset=k["raw_changes"], name="oplog_headroom", blocking=False)
+    def headroom(mongo: MongoResource, state: StateStoreResource) -> dg.AssetCheckResult:
+        """Time until the stored token falls off the oplog (token time - first oplog entry)."""
+        with explained():
+            status = stream_status(stream, mongo.raw_client(), state.store())
+        passed, severity = _graded(
+            status.headroom_seconds,
+            limits.headroom_warn_seconds,
+            limits.headroom_error_seconds,
+            False,
+        )
+        metadata = {
+            "warn_below": limits.headroom_warn_seconds,
+            "error_below": limits.headroom_error_seconds,
+        }
+        if status.headroom_seconds is not None:
+            metadata["headroom_seconds"] = float(status.headroom_seconds)
+        if status.oplog_window_seconds is not None:
+            metadata["oplog_window_seconds"] = float(status.oplog_window_seconds)
+        return dg.AssetCheckResult(
+            passed=passed,
+            severity=severity,
+            metadata=metadata,
+            description=None
+            if status.headroom_seconds is not None
+            else "the oplog cannot be read here (mongos, or no privilege on local.oplog.rs)",
+        )
+
+    @dg.asset_check(asset=k["raw_changes"], name="no_uncommitted_files", blocking=False)
+    def orphans(state: StateStoreResource, lake: LakeResource) -> dg.AssetCheckResult:
+        """Raw files that no committed batch lists (left by crashed runs; `tidemark gc`)."""
+        with explained():
+            found = uncommitted_files(lake.path, state.store(), stream.name)
+        return dg.AssetCheckResult(
+            passed=not found,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={
+                "uncommitted_files": len(found),
+                "examples": dg.MetadataValue.json(found[:5]),
+            },
+        )
+
+    checks = [lag, headroom, orphans]
+    if stream.current_table and stream.scope == "collection":
+
+        @dg.asset_check(asset=k["current"], name="row_count_matches_source", blocking=False)
+        def row_count(mongo: MongoResource, state: StateStoreResource) -> dg.AssetCheckResult:
+            """Rows in the newest `current` version against count_documents on the source (a
+            difference is expected while writes continue after the run's token)."""
+            with explained():
+                latest = TransformState(state.store()).latest_version(stream.name)
+                expected = source_count(mongo.client(), stream)
+            rows = latest.rows if latest else 0
+            return dg.AssetCheckResult(
+                passed=rows == expected,
+                severity=dg.AssetCheckSeverity.WARN,
+                metadata={
+                    "current_rows": rows,
+                    "source_documents": expected,
+                    "difference": rows - expected,
+                },
+            )
+
+        checks.append(row_count)
+    return checks
