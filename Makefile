@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test ui install lint format check-python check-java mongod-stop clean
+.PHONY: demo test ui workload install lint format check-python check-java mongod-stop clean
 
 demo: check-java install
 	$(BIN)/tidemark demo
@@ -16,7 +16,7 @@ test: check-java install
 	$(BIN)/pytest
 
 ui: check-java install
-	@echo "The Dagster UI arrives with the orchestration work (issue 4)." >&2; exit 1
+	$(BIN)/tidemark ui
 
 install: $(STAMP)
 
@@ -45,6 +45,9 @@ format: install
 
 mongod-stop: install
 	$(BIN)/tidemark mongod stop
+
+workload: install
+	$(BIN)/tidemark workload
 
 clean: mongod-stop
 	rm -rf $(TIDEMARK_HOME)

@@ -23,7 +23,7 @@ class StreamStatus:
     batches: int
     oplog_first: datetime | None
     oplog_window_seconds: float | None
-    headroom_seconds: float | None  # position - oplog first: time until the token falls off
+    headroom_seconds: float | None  # time until the stored position falls off the oplog
     definition_changed: bool
 
 
@@ -38,7 +38,8 @@ def stream_status(stream: StreamConfig, client: MongoClient, store: StateStore) 
     if position is not None:
         lag = max(0, now_ts.time - unpack_ts(position).time)
         if window is not None:
-            headroom = unpack_ts(position).time - window.first.time
+            # The position falls off when the oplog's window, once full, no longer reaches it.
+            headroom = window.projected_seconds - (window.last.time - unpack_ts(position).time)
     return StreamStatus(
         stream=stream.name,
         namespace=stream.namespace,

@@ -122,10 +122,20 @@ def cluster_time(client: MongoClient) -> Timestamp:
 class OplogWindow:
     first: Timestamp
     last: Timestamp
+    size_bytes: int | None = None
+    max_bytes: int | None = None
 
     @property
     def seconds(self) -> int:
         return self.last.time - self.first.time
+
+    @property
+    def projected_seconds(self) -> float:
+        """The window once the oplog is full, at the write rate seen so far: a young oplog that
+        is a tenth full will hold about ten times the time it holds now."""
+        if self.size_bytes and self.max_bytes and self.size_bytes < self.max_bytes:
+            return self.seconds * self.max_bytes / self.size_bytes
+        return float(self.seconds)
 
 
 def oplog_window(client: MongoClient) -> OplogWindow | None:
@@ -136,7 +146,12 @@ def oplog_window(client: MongoClient) -> OplogWindow | None:
         last = oplog.find({}, {"ts": 1}).sort("$natural", -1).limit(1).next()
     except (PyMongoError, StopIteration):
         return None
-    return OplogWindow(first=first["ts"], last=last["ts"])
+    try:
+        stats = client.local.command("collStats", "oplog.rs")
+        size, max_size = int(stats.get("size", 0)), int(stats.get("maxSize", 0))
+    except PyMongoError:
+        size = max_size = 0
+    return OplogWindow(first["ts"], last["ts"], size or None, max_size or None)
 
 
 def ts_datetime(ts: Timestamp) -> datetime:

@@ -99,9 +99,12 @@ def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
     from pyspark.sql import SparkSession  # heavy import, only where Spark is used
 
     config = config or SparkConfig()
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
+    try:
+        # Active for this thread or the process's default: getActiveSession() alone is
+        # thread-local and would miss a session another thread started.
+        return SparkSession.active(), False
+    except Exception:  # PySparkRuntimeError NO_ACTIVE_OR_DEFAULT_SESSION
+        pass
     builder = SparkSession.builder.appName(config.app_name)
     settings: dict[str, str] = {
         "spark.sql.session.timeZone": "UTC",

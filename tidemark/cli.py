@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from jobs.drain import DrainResult, drain
 from jobs.gc import collect_garbage
@@ -58,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["start", "stop", "uri"])
     p = sub.add_parser("demo", help="sample workload, drain and summary (make demo)")
     p.add_argument("--orders", type=int, default=500)
+    p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui)")
+    p.add_argument("--port", type=int, default=3000)
+    p = sub.add_parser("workload", help="keep writing the sample workload, for live runs")
+    p.add_argument("--orders", type=int, default=100, help="orders per round (default 100)")
+    p.add_argument(
+        "--every",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between rounds (default 10)",
+    )
+    p.add_argument("--rounds", type=int, default=0, help="stop after N rounds (default: never)")
     return parser
 
 
@@ -89,6 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.command == "mongod":
         return _mongod(args.action, settings)
+    if args.command == "ui":
+        return _ui(settings, args.port)
     runtime = open_runtime(settings)
     try:
         if args.command == "drain":
@@ -104,6 +121,8 @@ def _run(args: argparse.Namespace) -> int:
 
             run_demo(runtime, orders=args.orders)
             return 0
+        if args.command == "workload":
+            return _workload(runtime, args)
     finally:
         runtime.close()
     raise AssertionError(args.command)
@@ -206,6 +225,57 @@ def _gc(runtime: Runtime, min_age: float) -> int:
         if rows
         else "The lake holds no raw files yet."
     )
+    return 0
+
+
+def _ui(settings: Settings, port: int) -> int:
+    from tidemark.dagster_env import dagster_environment
+
+    env = {**os.environ, **dagster_environment(settings)}
+    workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
+    dagster = Path(sys.executable).parent / "dagster"
+    print(
+        f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={env['DAGSTER_HOME']}); "
+        "`tidemark workload` in another shell writes live changes.",
+        file=sys.stderr,
+    )
+    os.execve(
+        dagster,
+        [str(dagster), "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
+        env,
+    )
+
+
+def _workload(runtime: Runtime, args: argparse.Namespace) -> int:
+    from resources.mongo import connect
+    from tidemark.workload import run_workload
+
+    streams = [s for s in runtime.config.streams if s.scope == "collection"]
+    if not streams:
+        raise TidemarkError("The workload needs a collection stream in the streams config.", "")
+    writer = connect(runtime.uri)
+    done = 0
+    try:
+        while not args.rounds or done < args.rounds:
+            for stream in streams:
+                assert stream.database and stream.collection
+                ops = run_workload(
+                    writer,
+                    stream.database,
+                    stream.collection,
+                    orders=args.orders,
+                    seed=int(time.time()),
+                )
+                print(
+                    f"{datetime.now(UTC):%H:%M:%S} {stream.namespace}: "
+                    + ", ".join(f"{v} {k}" for k, v in ops.items()),
+                    flush=True,
+                )
+            done += 1
+            if not args.rounds or done < args.rounds:
+                time.sleep(args.every)
+    finally:
+        writer.close()
     return 0
 
 

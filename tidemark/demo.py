@@ -1,121 +1,157 @@
-"""`tidemark demo` (and `make demo`): a sample workload, a drain, and a summary of the lake.
+"""`tidemark demo` (and `make demo`): a sample workload, then every asset materialized through
+Dagster in process, and a summary of what landed in the lake.
 
-On a first run the stream has no position yet and starts "now", so the demo drains once before
-writing (that commits the starting token), then writes the workload and drains it.
+On a first run the stream has no position yet and starts "now", so the demo runs the sync job
+once before writing (that commits the starting token), then writes the workload and runs it
+again. Runs go to the persistent DAGSTER_HOME, so `make ui` shows them afterwards.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from pathlib import Path
+import os
+from typing import Any
 
-from jobs.drain import DrainResult, drain
 from resources.mongo import connect
 from tidemark.runtime import Runtime
 from tidemark.table import format_table, human_bytes
-from tidemark.tokens import ts_to_datetime
 from tidemark.workload import run_workload
 
 
-def run_demo(runtime: Runtime, orders: int = 500, seed: int | None = None) -> list[DrainResult]:
+def run_demo(runtime: Runtime, orders: int = 500) -> None:
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions, sync_job_name
+    from resources.dagster_resources import (
+        LakeResource,
+        MongoResource,
+        SparkResource,
+        StateStoreResource,
+    )
+    from resources.spark import spark_session, stop_if_created
+    from tidemark.dagster_env import dagster_home
+
     streams = [s for s in runtime.config.streams if s.scope == "collection"]
     if not streams:
         raise SystemExit("The demo needs a collection stream in the streams config.")
-    results = []
+    os.environ.setdefault("DAGSTER_HOME", str(dagster_home(runtime.settings)))
+    defs = build_definitions(
+        runtime.config,
+        {
+            "mongo": MongoResource(uri=runtime.uri),
+            "state": StateStoreResource(url=runtime.settings.state_url),
+            "lake": LakeResource(root=str(runtime.lake_root)),
+            "spark": SparkResource(master=os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]")),
+        },
+    )
+    instance = dg.DagsterInstance.get()
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    print("Starting Spark (the transform's engine) ...", flush=True)
+    spark, created = spark_session()  # shared with the runs, printed from afterwards
     writer = connect(runtime.uri)
     try:
         for stream in streams:
+            job = defs.resolve_job_def(sync_job_name(stream))
             checkpoint = runtime.store.checkpoint(stream.name)
             if checkpoint is None or not checkpoint.has_position:
-                drain(stream, runtime.client, runtime.store, runtime.lake_root)
+                job.execute_in_process(instance=instance, run_config=quiet)
             assert stream.database and stream.collection
             done = run_workload(
                 writer,
                 stream.database,
                 stream.collection,
                 orders=orders,
-                seed=seed if seed is not None else runtime.store.batch_count(stream.name) + 7,
+                seed=runtime.store.batch_count(stream.name) + 7,
             )
             print(
                 f"workload on {stream.namespace}: " + ", ".join(f"{v} {k}" for k, v in done.items())
             )
-            results.append(drain(stream, runtime.client, runtime.store, runtime.lake_root))
+            result = job.execute_in_process(instance=instance, run_config=quiet)
+            print(
+                f"Dagster run {result.run_id[:8]} of {job.name}: "
+                f"{'success' if result.success else 'FAILED'}\n"
+            )
+            print(summary(stream.name, result))
+            show_tables(spark, runtime, stream.name)
     finally:
         writer.close()
-    print()
-    print(summary(results, runtime.lake_root))
-    print()
-    show_tables(runtime, streams)
-    return results
-
-
-def show_tables(runtime: Runtime, streams: list) -> None:
-    """Run the Spark transform and print a few rows of `current` and `changes`."""
-    from jobs.tables import read_changes, read_current
-    from jobs.transform import transform
-    from resources.spark import spark_session, stop_if_created
-
-    print("Starting Spark for the transform ...")
-    spark, created = spark_session()
-    try:
-        for stream in streams:
-            result = transform(spark, runtime.store, runtime.lake_root, stream)
-            print(
-                f"transform {stream.name}: version {result.version}, {result.changes_added:,} "
-                f"new changes, {result.duplicates_skipped:,} duplicates skipped, "
-                f"{result.rows or 0:,} rows in current ({result.duration_s:.1f} s)"
-            )
-            current = read_current(spark, runtime.store, runtime.lake_root, stream.name)
-            doc_fields = [
-                name
-                for name, dtype in current.dtypes
-                if not name.startswith("_tm_") and not dtype.startswith(("struct", "array"))
-            ][:6]
-            rows = current.select("_tm_coll", *doc_fields).limit(5).collect()
-            print(f"\ncurrent ({current.count():,} rows; document fields as columns):")
-            print(format_table(["coll", *doc_fields], [[_short(v) for v in r] for r in rows]))
-            changes = read_changes(spark, runtime.lake_root, stream.name)
-            recent = (
-                changes.orderBy(changes.event_id.desc())
-                .select("cluster_time", "operation_type", "document_key", "updated_fields")
-                .limit(5)
-                .collect()
-            )
-            print(f"\nchanges ({changes.count():,} events, newest first):")
-            print(
-                format_table(
-                    ["cluster time", "operation", "document key", "updated fields"],
-                    [[_short(v) for v in r] for r in recent],
-                )
-            )
-    finally:
         stop_if_created(spark, created)
+    print(f"\nraw zone: {runtime.lake_root / 'raw'}")
+    print(f"curated zone: {runtime.lake_root / 'curated'}")
+    print("See the runs, the asset graph and the checks with `make ui`.")
+
+
+def _metadata(result: Any, name: str) -> dict[str, Any]:
+    for event in result.get_asset_materialization_events():
+        if event.asset_key.path[-1] == name:
+            return {k: v.value for k, v in event.materialization.metadata.items()}
+    return {}
+
+
+def summary(stream: str, result: Any) -> str:
+    raw = _metadata(result, "raw_changes")
+    current = _metadata(result, "current")
+    changes = _metadata(result, "changes")
+    by_type = ", ".join(
+        f"{k.removeprefix('events_')} {v:,}"
+        for k, v in sorted(raw.items())
+        if k.startswith("events_") and v
+    )
+    token = raw.get("token_time")
+    checks = {
+        e.asset_check_evaluation_data.check_name: (
+            "ok"
+            if e.asset_check_evaluation_data.passed
+            else e.asset_check_evaluation_data.severity.value
+        )
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+    rows = [
+        ["events", f"{raw.get('events', 0):,}  ({by_type or 'none'})"],
+        ["files / bytes", f"{raw.get('files', 0)} / {human_bytes(raw.get('file_bytes', 0))}"],
+        ["token time", f"{_utc(token)}" if token else "-"],
+        ["lag", f"{raw.get('lag_seconds', 0):.0f} s"],
+        ["changes added", f"{changes.get('changes_added', 0):,} events"],
+        ["current", f"version {current.get('version', '-')}, {current.get('rows', 0):,} rows"],
+        ["checks", ", ".join(f"{k} {v}" for k, v in sorted(checks.items()))],
+    ]
+    return format_table([stream, ""], rows)
+
+
+def _utc(timestamp: float) -> str:
+    from datetime import UTC, datetime
+
+    return f"{datetime.fromtimestamp(timestamp, UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def show_tables(spark: Any, runtime: Runtime, stream: str) -> None:
+    from jobs.tables import read_changes, read_current
+
+    current = read_current(spark, runtime.store, runtime.lake_root, stream)
+    doc_fields = [
+        name
+        for name, dtype in current.dtypes
+        if not name.startswith("_tm_") and not dtype.startswith(("struct", "array"))
+    ][:6]
+    rows = current.select("_tm_coll", *doc_fields).limit(5).collect()
+    print(f"\ncurrent ({current.count():,} rows; document fields as columns):")
+    print(format_table(["coll", *doc_fields], [[_short(v) for v in r] for r in rows]))
+    changes = read_changes(spark, runtime.lake_root, stream)
+    recent = (
+        changes.orderBy(changes.event_id.desc())
+        .select("cluster_time", "operation_type", "document_key", "updated_fields")
+        .limit(5)
+        .collect()
+    )
+    print(f"\nchanges ({changes.count():,} events, newest first):")
+    print(
+        format_table(
+            ["cluster time", "operation", "document key", "updated fields"],
+            [[_short(v) for v in r] for r in recent],
+        )
+    )
 
 
 def _short(value: object, width: int = 44) -> str:
     text = "" if value is None else str(value)
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def summary(results: list[DrainResult], lake_root: Path) -> str:
-    rows = []
-    for r in results:
-        by_type = Counter(r.events_by_type)
-        token_time = ts_to_datetime(r.token_cluster_time)
-        rows.append(
-            [
-                r.stream,
-                f"{r.events:,}",
-                ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items())) or "-",
-                len(r.files),
-                human_bytes(r.file_bytes),
-                f"{token_time:%Y-%m-%d %H:%M:%S} UTC" if token_time else "-",
-                r.stop_reason,
-                f"{r.duration_s:.2f} s",
-            ]
-        )
-    table = format_table(
-        ["stream", "events", "by type", "files", "bytes", "token time", "stopped", "took"], rows
-    )
-    files = [f"  {lake_root / f.path}" for r in results for f in r.files]
-    return "\n".join([table, "", f"raw zone: {lake_root / 'raw'}", *files])

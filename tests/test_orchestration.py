@@ -1,0 +1,237 @@
+"""Dagster orchestration with Dagster's test APIs, against real mongod, Spark and SQLite."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import warnings
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import pytest
+
+from jobs.replay import ReplayRefused, replay
+from orchestration.definitions import build_definitions
+from resources.dagster_resources import (
+    LakeResource,
+    MongoResource,
+    SparkResource,
+    StateStoreResource,
+)
+from tests.helpers.lake_reading import committed_table
+from tidemark.config import TidemarkConfig
+from tidemark.tokens import datetime_to_ts
+
+# The run tags a single-run backfill of a partition range carries.
+ASSET_PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+ASSET_PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+
+
+@pytest.fixture
+def setup(mongod, spark, tmp_path, db_name):
+    def make(**stream_fields):
+        config = TidemarkConfig.model_validate(
+            {
+                "streams": [
+                    {
+                        "name": "orders",
+                        "database": db_name,
+                        "collection": "orders",
+                        "max_await_time_ms": 300,
+                        **stream_fields,
+                    }
+                ]
+            }
+        )
+        resources = {
+            "mongo": MongoResource(uri=mongod.uri),
+            "state": StateStoreResource(url=f"sqlite:///{tmp_path / 'state.db'}"),
+            "lake": LakeResource(root=str(tmp_path / "lake")),
+            "spark": SparkResource(master="local[2]"),
+        }
+        return config, build_definitions(config, resources), resources
+
+    return make
+
+
+def _materialized(result: dg.ExecuteInProcessResult) -> set[str]:
+    return {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+
+
+def _checks(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in result.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    }
+
+
+def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypatch, tmp_path):
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        "streams:\n  - {name: a, database: d, collection: c}\n"
+        "  - {name: b, database: d, current_table: false, full_document: default}\n"
+    )
+    monkeypatch.setenv("TIDEMARK_CONFIG", str(config))
+    sys.modules.pop("orchestration.definitions", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module("orchestration.definitions")
+        dg.Definitions.validate_loadable(module.defs)
+        for job in module.defs.resolve_all_job_defs():
+            assert job.name
+    names = {type(w.message).__name__ for w in caught} | {w.category.__name__ for w in caught}
+    assert not names & {"DeprecationWarning", "SupersessionWarning"}, [
+        str(w.message) for w in caught
+    ]
+    graph = module.defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {
+        "a/raw_changes",
+        "a/changes",
+        "a/current",
+        "a/replay",
+        "b/raw_changes",
+        "b/changes",
+        "b/replay",
+    }
+    assert module.defs.resolve_schedule_def("a_schedule").cron_schedule == "*/5 * * * *"
+
+
+def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):
+    defs = setup()[1]
+    schedule = defs.resolve_schedule_def("orders_schedule")
+    job = defs.resolve_job_def("orders_sync")
+    instance = dg.DagsterInstance.ephemeral()
+
+    tick = schedule.evaluate_tick(dg.build_schedule_context(instance=instance))
+    (request,) = tick.run_requests
+    first = job.execute_in_process(instance=instance, tags=request.tags)  # starts the stream
+    assert first.success
+
+    client[db_name]["orders"].insert_many([{"_id": i, "v": i} for i in range(40)])
+    client[db_name]["orders"].delete_many({"_id": {"$lt": 10}})
+    run = job.execute_in_process(instance=instance, tags=request.tags)
+    assert run.success
+    assert _materialized(run) == {"orders/raw_changes", "orders/changes", "orders/current"}
+    checks = _checks(run)
+    assert checks == {
+        "lag": True,
+        "oplog_headroom": False,
+        "no_uncommitted_files": True,
+        "row_count_matches_source": True,
+    }  # a minutes-old oplog: little headroom
+    raw = next(
+        e
+        for e in run.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["orders", "raw_changes"])
+    )
+    metadata = raw.materialization.metadata
+    assert metadata["events"].value == 50 and metadata["events_insert"].value == 40
+    assert metadata["events_delete"].value == 10 and "lag_seconds" in metadata
+    current = next(
+        e
+        for e in run.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["orders", "current"])
+    )
+    assert current.materialization.metadata["rows"].value == 30
+
+
+def _minute(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+@pytest.mark.slow
+def test_backfill_of_three_partitions_yields_exactly_their_events(
+    setup, client, raw_client, db_name
+):
+    start_of_partitions = _minute(datetime.now(UTC)) - timedelta(hours=1)
+    _, defs, resources = setup(replay={"cron": "* * * * *", "start": start_of_partitions})
+    # Write through three whole minutes (and a little on both sides).
+    first_window = _minute(datetime.now(UTC)) + timedelta(minutes=1)
+    end = first_window + timedelta(minutes=3)
+    coll = client[db_name]["orders"]
+    n = 0
+    while datetime.now(UTC) < end + timedelta(seconds=2):
+        coll.insert_one({"_id": n, "at": datetime.now(UTC)})
+        coll.update_one({"_id": n}, {"$set": {"seen": True}})
+        n += 1
+        time.sleep(0.25)
+
+    keys = [(first_window + timedelta(minutes=i)).strftime("%Y-%m-%d-%H:%M") for i in range(3)]
+    job = defs.resolve_job_def("orders_replay")
+    instance = dg.DagsterInstance.ephemeral()
+    tags = {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}
+    run = job.execute_in_process(instance=instance, tags=tags)  # the range, in one run
+    assert run.success
+
+    store = resources["state"].store()
+    lake = resources["lake"].path
+    replayed = committed_table(store, lake, "orders")
+    # The reference: a plain watch() from the first window's start, cut at the last one's end.
+    reference = []
+    with raw_client[db_name]["orders"].watch(
+        start_at_operation_time=datetime_to_ts(first_window), max_await_time_ms=300
+    ) as stream:
+        while (event := stream.try_next()) is not None:
+            if event["clusterTime"] >= datetime_to_ts(end):
+                break
+            reference.append(event["_id"]["_data"])
+    assert replayed.column("event_id").to_pylist() == reference
+    assert len(reference) > 600  # two writes every 0.25 s for three minutes
+    times = replayed.column("cluster_time").to_pylist()
+    assert min(times) >= first_window and max(times) < end
+    (batch,) = store.batches("orders")
+    assert batch.source == "replay" and store.checkpoint("orders").token is None
+
+    sync = defs.resolve_job_def("orders_sync")
+    assert sync.execute_in_process(instance=instance).success
+    changes_count = (
+        resources["spark"]
+        .session()
+        .read.parquet(str(lake / "curated" / "orders" / "changes"))
+        .count()
+    )
+    assert changes_count == replayed.num_rows
+
+    # The same backfill again adds nothing to the change log.
+    assert job.execute_in_process(instance=instance, tags=tags).success
+    again = sync.execute_in_process(instance=instance)
+    changes = next(
+        e
+        for e in again.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["orders", "changes"])
+    )
+    assert changes.materialization.metadata["changes_added"].value == 0
+    assert changes.materialization.metadata["duplicates_skipped"].value == replayed.num_rows
+
+
+def _failure_message(result: dg.ExecuteInProcessResult) -> str:
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    return failure.step_failure_data.user_failure_data.description or ""
+
+
+def test_refused_windows_give_the_clear_message(setup):
+    start_of_partitions = _minute(datetime.now(UTC)) - timedelta(days=2)
+    config, defs, resources = setup(replay={"cron": "* * * * *", "start": start_of_partitions})
+    job = defs.resolve_job_def("orders_replay")
+    instance = dg.DagsterInstance.ephemeral()
+
+    old_key = start_of_partitions.strftime("%Y-%m-%d-%H:%M")
+    result = job.execute_in_process(instance=instance, partition_key=old_key, raise_on_error=False)
+    assert not result.success
+    message = _failure_message(result)
+    assert "starts before the oplog's first entry" in message and "snapshot" in message
+
+    # Dagster lists only closed windows as partitions; Tidemark refuses an open one itself too.
+    now = datetime.now(UTC)
+    with pytest.raises(ReplayRefused, match="is not closed yet"):
+        replay(
+            config.streams[0],
+            resources["mongo"].raw_client(),
+            resources["state"].store(),
+            resources["lake"].path,
+            _minute(now),
+            _minute(now) + timedelta(minutes=1),
+        )
+    assert resources["state"].store().batches("orders") == []
