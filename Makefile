@@ -7,13 +7,22 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test ui workload install lint format check-python check-java mongod-stop clean
+.PHONY: demo test ui workload browser install lint format check-python check-java mongod-stop clean
 
 demo: check-java install
 	$(BIN)/tidemark demo
 
-test: check-java install
+test: check-java install browser
 	$(BIN)/pytest
+
+# Headless Chromium for the end-to-end UI test: installed from Debian's packages when missing
+# (as root); elsewhere that one test is skipped unless TIDEMARK_REQUIRE_BROWSER=1.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      echo "Installing Chromium (Debian package) for the UI test ..."; \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	    else echo "Chromium is not installed: the UI test will be skipped (apt-get install chromium)."; fi; }
 
 ui: check-java install
 	$(BIN)/tidemark ui
