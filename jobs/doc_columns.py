@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 
 from jobs.extjson import flatten
 from jobs.fold import STATE_COLUMNS
+from jobs.raw_events import DOCUMENT_FIELDS, document_json
 
 JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
 
@@ -35,6 +36,15 @@ JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
 @F.pandas_udf(StringType())
 def flatten_udf(documents: pd.Series) -> pd.Series:
     return documents.map(flatten)
+
+
+DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
+
+
+@F.pandas_udf(DOCUMENT_JSON_TYPE)
+def document_json_udf(raw: pd.Series) -> pd.DataFrame:
+    """The events' documents as canonical Extended JSON, from the raw zone's BSON bytes."""
+    return pd.DataFrame([document_json(r) for r in raw], columns=list(DOCUMENT_FIELDS))
 
 
 def with_json(state: DataFrame) -> DataFrame:

@@ -21,10 +21,11 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
+from jobs.change_stream_reader import ChangeStreamReader
 from jobs.lake import ensure_writable, raw_partition, relative, write_parquet_atomic
 from jobs.raw_events import EventColumns
 from jobs.stream_errors import translate
-from resources.mongo import RAW_CODEC, cluster_time
+from resources.mongo import cluster_time
 from state.store import (
     BatchRecord,
     Checkpoint,
@@ -76,46 +77,44 @@ class DrainResult:
 
 
 def start_options(checkpoint: Checkpoint, stream: StreamConfig) -> dict[str, Any]:
-    """The `watch()` arguments that open the stream where the checkpoint says."""
+    """The $changeStream options that open the stream where the checkpoint says."""
     if checkpoint.token is not None:
         token = token_from_json(checkpoint.token)
         # After an invalidate only startAfter may open a new stream past it.
-        key = "start_after" if checkpoint.token_is_invalidate else "resume_after"
+        key = "startAfter" if checkpoint.token_is_invalidate else "resumeAfter"
         return {key: token}
     if checkpoint.start_at_operation_time is not None:
-        return {"start_at_operation_time": unpack_ts(checkpoint.start_at_operation_time)}
+        return {"startAtOperationTime": unpack_ts(checkpoint.start_at_operation_time)}
     if isinstance(stream.start, datetime):
-        return {"start_at_operation_time": datetime_to_ts(stream.start)}
+        return {"startAtOperationTime": datetime_to_ts(stream.start)}
     return {}  # "now": the server starts at the current time
 
 
 def position_time(checkpoint: Checkpoint, options: dict[str, Any]) -> Timestamp | None:
     if checkpoint.cluster_time is not None:
         return unpack_ts(checkpoint.cluster_time)
-    return options.get("start_at_operation_time")
+    return options.get("startAtOperationTime")
 
 
-def watch_target(client: MongoClient, stream: StreamConfig) -> Any:
-    if stream.scope == "cluster":
-        return client
-    database = client.get_database(stream.database, codec_options=RAW_CODEC)
-    if stream.scope == "database":
-        return database
-    return database.get_collection(stream.collection)
-
-
-def open_stream(client: MongoClient, stream: StreamConfig, options: dict[str, Any]) -> Any:
-    kwargs: dict[str, Any] = {
-        "batch_size": stream.batch_size,
-        "max_await_time_ms": stream.max_await_time_ms,
-        "show_expanded_events": stream.show_expanded_events or None,
-        **options,
-    }
+def open_reader(
+    client: MongoClient, stream: StreamConfig, start: dict[str, Any]
+) -> ChangeStreamReader:
+    options: dict[str, Any] = dict(start)
     if stream.full_document != "default":
-        kwargs["full_document"] = stream.full_document
+        options["fullDocument"] = stream.full_document
     if stream.full_document_before_change != "off":
-        kwargs["full_document_before_change"] = stream.full_document_before_change
-    return watch_target(client, stream).watch(stream.mongo_pipeline(), **kwargs)
+        options["fullDocumentBeforeChange"] = stream.full_document_before_change
+    if stream.show_expanded_events:
+        options["showExpandedEvents"] = True
+    return ChangeStreamReader(
+        client,
+        stream.database,
+        stream.collection,
+        options,
+        stream.mongo_pipeline(),
+        batch_size=stream.batch_size,
+        max_await_time_ms=stream.max_await_time_ms,
+    )
 
 
 class RawBatchWriter:
@@ -181,55 +180,63 @@ class Capture:
 
 
 def capture(
-    change_stream: Any,
+    reader: ChangeStreamReader,
     writer: RawBatchWriter,
     budget: Budget,
     is_past_end: Callable[[Timestamp], bool],
     keep_alive: Callable[[], None],
 ) -> Capture:
-    """Consume events until caught up, past the end, a budget, or an invalidate."""
+    """Consume whole batches until caught up, past the end, a budget, or an invalidate."""
     clock = time.monotonic()
     renewed = clock
-    got = Capture(token=change_stream.resume_token)
-    while True:
-        if budget.max_events and got.events >= budget.max_events:
-            got.stop = "budget_events"
-            return got
-        if budget.max_bytes and got.bytes >= budget.max_bytes:
-            got.stop = "budget_bytes"
-            return got
-        if budget.max_seconds and time.monotonic() - clock >= budget.max_seconds:
-            got.stop = "budget_seconds"
-            return got
-        if time.monotonic() - renewed > LEASE_TTL.total_seconds() / 3:
-            keep_alive()
-            renewed = time.monotonic()
-        event = change_stream.try_next()
-        if event is None:
-            # The server found nothing within maxAwaitTimeMS: resume_token is now the
+    got = Capture(token=reader.initial_token)
+    max_events = budget.max_events or 0
+    max_bytes = budget.max_bytes or 0
+    max_seconds = budget.max_seconds or 0.0
+    for batch in reader.batches():
+        events = batch.events
+        if not events:
+            # The server found nothing within maxAwaitTimeMS: the batch's token is the
             # postBatchResumeToken, which moves quiet streams forward too.
-            got.token = change_stream.resume_token
+            got.token = batch.token_after
             got.stop = "caught_up"
             return got
-        ts = event["clusterTime"]
-        if is_past_end(ts):
-            got.stop = "horizon"  # not consumed: the token still points just before it
+        now = time.monotonic()
+        if max_seconds and now - clock >= max_seconds:
+            got.stop = "budget_seconds"
             return got
-        writer.add(event, ts)
-        operation = event["operationType"]
-        got.counts[operation] += 1
-        got.events += 1
-        got.bytes += len(event.raw)
-        got.last_id = event["_id"]["_data"]
-        got.first_id = got.first_id or got.last_id
-        got.first_ts = got.first_ts or ts
-        got.last_ts = ts
-        got.token = change_stream.resume_token
-        if operation == "invalidate":
-            got.token = event["_id"]
-            got.invalidated = True
-            got.stop = "invalidate"
-            return got
+        if now - renewed > LEASE_TTL.total_seconds() / 3:
+            keep_alive()
+            renewed = now
+        last = len(events) - 1
+        for index, event in enumerate(events):
+            if max_events and got.events >= max_events:
+                got.stop = "budget_events"
+                return got
+            if max_bytes and got.bytes >= max_bytes:
+                got.stop = "budget_bytes"
+                return got
+            ts = event["clusterTime"]
+            if is_past_end(ts):
+                got.stop = "horizon"  # not consumed: the token still points just before it
+                return got
+            writer.add(event, ts)
+            operation = event["operationType"]
+            got.counts[operation] += 1
+            got.events += 1
+            got.bytes += len(event.raw)
+            got.last_ts = ts
+            got.last_id = event["_id"]["_data"]
+            if got.first_id is None:
+                got.first_id, got.first_ts = got.last_id, ts
+            if operation == "invalidate":
+                got.token = event["_id"]
+                got.invalidated = True
+                got.stop = "invalidate"
+                return got
+            got.token = batch.token_after if index == last else event["_id"]
+    got.stop = "closed"
+    return got
 
 
 def batch_record(
@@ -274,9 +281,9 @@ def drain(
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
         try:
-            with open_stream(client, stream, options) as change_stream:
+            with open_reader(client, stream, options) as reader:
                 got = capture(
-                    change_stream,
+                    reader,
                     writer,
                     stream.budget,
                     lambda ts: ts > horizon,

@@ -1,13 +1,14 @@
 """Change events (raw BSON) to Arrow: the raw zone's schema and the converter.
 
-The envelope becomes typed columns; the document key, the documents and the update
-description become canonical Extended JSON (lossless, readable by Spark as text); and the
-whole event is kept as its BSON bytes, so every table can be rebuilt from the raw zone.
+The envelope becomes typed columns, the document key canonical Extended JSON, and the whole
+event is kept as its BSON bytes, so every table can be rebuilt from the raw zone. The
+documents themselves (post- and pre-image, update description) stay inside `raw` here: their
+canonical JSON costs more per event than the server takes to produce the event, so it is made
+by the transform, in parallel and off the capture path (`document_json`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,10 +33,6 @@ RAW_SCHEMA = pa.schema(
         pa.field("to_coll", pa.string()),
         pa.field("collection_uuid", pa.string()),
         pa.field("document_key", pa.string()),
-        pa.field("full_document", pa.string()),
-        pa.field("full_document_before_change", pa.string()),
-        pa.field("update_description", pa.string()),
-        pa.field("operation_description", pa.string()),
         pa.field("raw", pa.binary(), nullable=False),
     ]
 )
@@ -85,10 +82,6 @@ class EventColumns:
         uuid = doc.get("collectionUUID")
         c["collection_uuid"].append(bytes(uuid).hex() if uuid is not None else None)
         c["document_key"].append(_json(doc.get("documentKey")))
-        c["full_document"].append(_json(doc.get("fullDocument")))
-        c["full_document_before_change"].append(_json(doc.get("fullDocumentBeforeChange")))
-        c["update_description"].append(_json(doc.get("updateDescription")))
-        c["operation_description"].append(_json(doc.get("operationDescription")))
         c["raw"].append(raw)
         self.nbytes += len(raw)
 
@@ -96,6 +89,15 @@ class EventColumns:
         return pa.Table.from_pydict(self.columns, schema=RAW_SCHEMA)
 
 
-def operation_counts(table: pa.Table) -> Mapping[str, int]:
-    counts = table.column("operation_type").value_counts()
-    return {row["values"]: row["counts"] for row in counts.to_pylist()}
+DOCUMENT_FIELDS = {
+    "full_document": "fullDocument",
+    "full_document_before_change": "fullDocumentBeforeChange",
+    "update_description": "updateDescription",
+    "operation_description": "operationDescription",
+}
+
+
+def document_json(raw: bytes) -> tuple[str | None, ...]:
+    """The canonical Extended JSON of an event's documents, in DOCUMENT_FIELDS order."""
+    event = RawBSONDocument(raw)
+    return tuple(_json(event.get(field)) for field in DOCUMENT_FIELDS.values())

@@ -14,7 +14,7 @@ from pathlib import Path
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from jobs.drain import LEASE_TTL, DrainResult, RawBatchWriter, batch_record, capture, open_stream
+from jobs.drain import LEASE_TTL, DrainResult, RawBatchWriter, batch_record, capture, open_reader
 from jobs.lake import ensure_writable
 from jobs.stream_errors import translate
 from resources.mongo import cluster_time, oplog_window
@@ -68,15 +68,15 @@ def replay(
     lease = store.acquire_lease(f"replay:{stream.name}", LEASE_TTL)
     try:
         start_ts, end_ts = datetime_to_ts(start), datetime_to_ts(end)
-        options = {"start_at_operation_time": start_ts}
+        options = {"startAtOperationTime": start_ts}
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id)
         # A window is bounded by its end, not by the per-run budgets of the incremental drain.
         unbounded = Budget(max_events=None, max_bytes=None, max_seconds=None)
         try:
-            with open_stream(client, stream, options) as change_stream:
+            with open_reader(client, stream, options) as reader:
                 got = capture(
-                    change_stream,
+                    reader,
                     writer,
                     unbounded,
                     lambda ts: ts >= end_ts,

@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from jobs.doc_columns import (
+    document_json_udf,
     expand,
     infer_schema,
     merge_schemas,
@@ -35,6 +36,7 @@ from jobs.doc_columns import (
 )
 from jobs.fold import STATE_COLUMNS, fold
 from jobs.lake import relative
+from jobs.raw_events import DOCUMENT_FIELDS
 from jobs.tables import (
     changes_dir,
     current_root,
@@ -99,18 +101,31 @@ def _raw_events(
 
 
 def _change_log_rows(raw: DataFrame) -> DataFrame:
-    update = F.col("update_description")
-    return (
+    """Raw events -> change-log rows; the documents' JSON is made here, from `raw`."""
+    envelope = [
+        c
+        for c in CHANGES_COLUMNS
+        if c not in ("updated_fields", "removed_fields", "date", *DOCUMENT_FIELDS)
+    ]
+    with_documents = (
         raw.dropDuplicates(["event_id"])
         .select(
-            *[c for c in CHANGES_COLUMNS if c not in ("updated_fields", "removed_fields", "date")],
-            F.get_json_object(update, "$.updatedFields").alias("updated_fields"),
-            F.from_json(update, "struct<removedFields: array<string>>")
-            .getField("removedFields")
-            .alias("removed_fields"),
-            F.to_date("cluster_time").alias("date"),
+            *envelope,
+            document_json_udf(F.col("raw")).alias("_documents"),
         )
-        .select(*CHANGES_COLUMNS)
+        .select(
+            *envelope,
+            *(F.col("_documents").getField(name).alias(name) for name in DOCUMENT_FIELDS),
+        )
+    )
+    update = F.col("update_description")
+    return with_documents.select(
+        *[c for c in CHANGES_COLUMNS if c not in ("updated_fields", "removed_fields", "date")],
+        F.get_json_object(update, "$.updatedFields").alias("updated_fields"),
+        F.from_json(update, "struct<removedFields: array<string>>")
+        .getField("removedFields")
+        .alias("removed_fields"),
+        F.to_date("cluster_time").alias("date"),
     )
 
 

@@ -24,7 +24,11 @@ POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
 
 @pytest.fixture(scope="session")
 def mongod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongod]:
-    server = start_mongod(tmp_path_factory.mktemp("mongod") / "data")
+    # Test commands enable the failCommand fail point, for real server-side faults.
+    server = start_mongod(
+        tmp_path_factory.mktemp("mongod") / "data",
+        extra_args=("--setParameter", "enableTestCommands=1"),
+    )
     yield server
     stop_mongod(server)
 

@@ -6,12 +6,14 @@ import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import bson
 import pyarrow.compute as pc
 from bson import json_util
 
 from jobs.drain import drain
+from jobs.raw_events import document_json
 from tests.helpers.lake_reading import committed_table, direct_events
-from tidemark.tokens import token_cluster_time, token_from_json
+from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json
 from tidemark.workload import run_workload
 
 
@@ -110,10 +112,15 @@ def test_every_operation_type_and_envelope_field_is_kept(
     assert result.stop_reason == "invalidate"  # dropDatabase invalidates a database stream
 
     update = rows[types.index("update")]
-    assert json_util.loads(update["full_document_before_change"]) == {"_id": 1, "v": 1}
+    event = bson.decode(update["raw"])  # the whole event is kept, pre-image included
+    assert event["fullDocumentBeforeChange"] == {"_id": 1, "v": 1}
     # updateLookup happens at read time, after the delete: the post-image is null.
-    assert update["full_document"] is None
-    assert json_util.loads(update["update_description"])["updatedFields"] == {"v": 2}
+    assert event["fullDocument"] is None
+    assert event["updateDescription"]["updatedFields"] == {"v": 2}
+    full, before, description, ddl = document_json(update["raw"])
+    assert full is None and ddl is None
+    assert json_util.loads(before, json_options=CANONICAL) == {"_id": 1, "v": 1}
+    assert json_util.loads(description, json_options=CANONICAL) == event["updateDescription"]
     assert update["wall_time"] is not None and update["cluster_time"] is not None
     txn_rows = [r for r in rows if r["txn_number"] is not None]
     assert len(txn_rows) == 2 and all(r["lsid"] for r in txn_rows)
@@ -121,7 +128,7 @@ def test_every_operation_type_and_envelope_field_is_kept(
     rename = rows[types.index("rename")]
     assert (rename["to_db"], rename["to_coll"]) == (db_name, "orders_renamed")
     create = rows[types.index("createIndexes")]
-    assert "indexes" in json_util.loads(create["operation_description"])
+    assert "indexes" in bson.decode(create["raw"])["operationDescription"]
     # The checkpoint remembers the invalidate, so the next run opens with startAfter.
     assert sqlite_store.checkpoint(stream.name).token_is_invalidate
 
@@ -142,7 +149,7 @@ def test_transaction_events_keep_their_order_in_the_token(
     assert len(updates) == 7
     assert len({(u["cluster_time"], u["cluster_time_inc"]) for u in updates}) == 1
     # Same cluster time for all: the token's _data alone orders them, as the server sent them.
-    values = [json_util.loads(u["update_description"])["updatedFields"]["n"] for u in updates]
+    values = [bson.decode(u["raw"])["updateDescription"]["updatedFields"]["n"] for u in updates]
     by_token = [v for _, v in sorted(zip([u["event_id"] for u in updates], values, strict=True))]
     assert values == by_token == list(range(1, 8))
 

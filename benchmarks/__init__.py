@@ -1,0 +1,1 @@
+"""Tidemark's benchmarks: scripts that print markdown tables (see BENCHMARKS.md)."""

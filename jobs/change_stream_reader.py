@@ -1,0 +1,274 @@
+"""A change-stream cursor below `watch()`: aggregate and getMore, one getMore ahead.
+
+pymongo's ChangeStream sends the next getMore only once the current batch is used up, so the
+server and the client take turns. This reader runs the cursor in a background thread that
+fetches the next batch while the caller converts the current one, and hands out whole batches
+(no per-event driver work). It follows the drivers' change-streams specification where it
+replaces the driver:
+
+- resumable errors: any non-server error (network, timeout), CursorNotFound (43), and on
+  servers >= 4.4 any error labelled ResumableChangeStreamError (below 4.4: the listed codes);
+  only errors of getMore are resumable, never those of the aggregate itself;
+- one resume attempt per error, in the same session, killing the old cursor quietly;
+- the resume point: the cached token (startAfter if the stream began with startAfter and has
+  returned nothing yet, else resumeAfter), else the saved operation time, else the original
+  command;
+- the cached token: after each batch, its postBatchResumeToken if the server sent one, else
+  the last event's _id; the token after each event is that event's _id, and after the last
+  event of a batch the postBatchResumeToken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+
+from resources.mongo import RAW_CODEC
+
+CURSOR_NOT_FOUND = 43
+# Servers before 4.4 (wire version < 9) do not label resumable errors; the spec lists these.
+LEGACY_RESUMABLE_CODES = {
+    6,
+    7,
+    89,
+    91,
+    189,
+    262,
+    9001,
+    10107,
+    11600,
+    11602,
+    13435,
+    13436,
+    63,
+    150,
+    13388,
+    234,
+    133,
+}
+
+
+def is_resumable(error: Exception, wire_version: int) -> bool:
+    if isinstance(error, ConnectionFailure):  # network errors and timeouts
+        return True
+    if isinstance(error, OperationFailure):
+        if error.code == CURSOR_NOT_FOUND:
+            return True
+        if wire_version >= 9:
+            return error.has_error_label("ResumableChangeStreamError")
+        return error.code in LEGACY_RESUMABLE_CODES
+    return False
+
+
+@dataclass
+class Batch:
+    """Events of one server reply and the token to resume after all of them."""
+
+    events: list[RawBSONDocument]
+    token_after: Any  # postBatchResumeToken if sent, else the last event's _id
+
+
+class _End:
+    """Sent when the server closed the cursor (after an invalidate)."""
+
+
+class ChangeStreamReader:
+    """Open with `with`; iterate `batches()`; every batch's events in server order."""
+
+    def __init__(
+        self,
+        client: MongoClient,
+        database: str | None,
+        collection: str | None,
+        change_stream_options: dict[str, Any],
+        pipeline: list[dict[str, Any]],
+        batch_size: int,
+        max_await_time_ms: int,
+        prefetch: int = 2,
+    ) -> None:
+        self.client = client
+        self.database = database or "admin"
+        self.collection = collection
+        self.options = dict(change_stream_options)
+        if database is None:
+            self.options["allChangesForCluster"] = True
+        self.pipeline = pipeline
+        self.batch_size = batch_size
+        self.max_await_time_ms = max_await_time_ms
+        self.cursor_id = 0
+        self.resumes = 0
+        self.initial_token: Any = None
+        self._namespace_coll = collection or "$cmd.aggregate"
+        self._cached_token: Any = self.options.get("resumeAfter") or self.options.get("startAfter")
+        self._operation_time: Timestamp | None = self.options.get("startAtOperationTime")
+        self._returned_any = False
+        self._wire_version = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._session: Any = None
+        self._db = client.get_database(self.database, codec_options=RAW_CODEC)
+
+    # -- the caller's side ---------------------------------------------------------------
+
+    def __enter__(self) -> ChangeStreamReader:
+        self._session = self.client.start_session(causal_consistency=False)
+        # The aggregate runs here, so its errors (history lost, bad token) surface at once.
+        first = self._aggregate()
+        self.initial_token = self._cached_token  # where the stream stands before any event
+        self._thread = threading.Thread(
+            target=self._fetch_loop, args=(first,), name="tidemark-getmore", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def batches(self) -> Iterator[Batch]:
+        """Batches as the server sends them; an empty one means caught up (nothing within
+        maxAwaitTimeMS). Ends after the server closes the cursor (an invalidate)."""
+        while True:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is _End:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                with contextlib.suppress(queue.Empty):  # unblock a producer on a full queue
+                    self._queue.get_nowait()
+                self._thread.join(timeout=0.05)
+            self._thread = None
+        self._kill_cursor()
+        if self._session is not None:
+            self._session.end_session()
+            self._session = None
+
+    # -- the background thread -----------------------------------------------------------
+
+    def _command(self, command: dict[str, Any]) -> RawBSONDocument:
+        return self._db.command(command, session=self._session, codec_options=RAW_CODEC)
+
+    def _aggregate(self) -> list[RawBSONDocument]:
+        stage = {"$changeStream": self._resume_options()}
+        command = {
+            "aggregate": self.collection if self.collection else 1,
+            "pipeline": [stage, *self.pipeline],
+            "cursor": {"batchSize": self.batch_size},
+        }
+        reply = self._command(command)
+        self._wire_version = self._max_wire_version()
+        cursor = reply["cursor"]
+        self.cursor_id = int(cursor["id"])
+        self._namespace_coll = cursor["ns"].split(".", 1)[1]
+        if self._operation_time is None and "operationTime" in reply:
+            self._operation_time = reply["operationTime"]
+        events = list(cursor["firstBatch"])
+        self._remember(events, cursor.get("postBatchResumeToken"))
+        return events
+
+    def _resume_options(self) -> dict[str, Any]:
+        options = {
+            k: v
+            for k, v in self.options.items()
+            if k not in ("resumeAfter", "startAfter", "startAtOperationTime")
+        }
+        if self._cached_token is not None:
+            if "startAfter" in self.options and not self._returned_any:
+                options["startAfter"] = self._cached_token
+            else:
+                options["resumeAfter"] = self._cached_token
+        elif self._operation_time is not None:
+            options["startAtOperationTime"] = self._operation_time
+        return options
+
+    def _max_wire_version(self) -> int:
+        try:
+            return int(self.client.admin.command("hello").get("maxWireVersion", 0))
+        except PyMongoError:
+            return 0
+
+    def _remember(self, events: list[RawBSONDocument], post_batch_token: Any) -> Any:
+        token = (
+            post_batch_token
+            if post_batch_token is not None
+            else (events[-1]["_id"] if events else self._cached_token)
+        )
+        self._cached_token = token
+        if events:
+            self._returned_any = True
+        return token
+
+    def _get_more(self) -> tuple[list[RawBSONDocument], Any]:
+        reply = self._command(
+            {
+                "getMore": Int64(self.cursor_id),
+                "collection": self._namespace_coll,
+                "batchSize": self.batch_size,
+                "maxTimeMS": self.max_await_time_ms,
+            }
+        )
+        cursor = reply["cursor"]
+        self.cursor_id = int(cursor["id"])
+        events = list(cursor["nextBatch"])
+        return events, cursor.get("postBatchResumeToken")
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fetch_loop(self, first: list[RawBSONDocument]) -> None:
+        try:
+            if first and not self._put(Batch(first, self._cached_token)):
+                return
+            while not self._stop.is_set():
+                if self.cursor_id == 0:
+                    self._put(_End)
+                    return
+                try:
+                    events, post_batch_token = self._get_more()
+                except PyMongoError as error:
+                    if not is_resumable(error, self._wire_version):
+                        raise
+                    self._resume()
+                    continue
+                token = self._remember(events, post_batch_token)
+                if not self._put(Batch(events, token)):
+                    return
+        except BaseException as error:  # handed to the caller, raised from batches()
+            self._put(error)
+
+    def _resume(self) -> None:
+        """One attempt: kill the old cursor quietly, aggregate from the resume point."""
+        self.resumes += 1
+        self._kill_cursor()
+        events = self._aggregate()
+        if events:
+            self._put(Batch(events, self._cached_token))
+
+    def _kill_cursor(self) -> None:
+        if not self.cursor_id:
+            return
+        # The spec: errors while killing the old cursor are suppressed.
+        with contextlib.suppress(PyMongoError):
+            self._command({"killCursors": self._namespace_coll, "cursors": [Int64(self.cursor_id)]})
+        self.cursor_id = 0
