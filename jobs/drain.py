@@ -133,14 +133,13 @@ class RawBatchWriter:
         self.flush_bytes = flush_bytes
         self.stream = stream
         self.batch_id = batch_id
-        self.buffers: dict[tuple[int, int, int, int], EventColumns] = {}
+        self.buffers: dict[int, EventColumns] = {}  # by hour since the epoch
         self.buffered_rows = 0
         self.buffered_bytes = 0
         self.files: list[FileEntry] = []
 
     def add(self, event: RawBSONDocument, ts: Timestamp) -> None:
-        moment = datetime.fromtimestamp(ts.time, UTC)
-        key = (moment.year, moment.month, moment.day, moment.hour)
+        key = ts.time // 3600
         buffer = self.buffers.get(key)
         if buffer is None:
             buffer = self.buffers[key] = EventColumns()
@@ -151,8 +150,8 @@ class RawBatchWriter:
             self.flush()
 
     def flush(self) -> None:
-        for (year, month, day, hour), buffer in sorted(self.buffers.items()):
-            moment = datetime(year, month, day, hour, tzinfo=UTC)
+        for hour, buffer in sorted(self.buffers.items()):
+            moment = datetime.fromtimestamp(hour * 3600, UTC)
             path = raw_partition(self.lake_root, self.stream, moment) / (
                 f"{self.batch_id}-{len(self.files):05d}.parquet"
             )

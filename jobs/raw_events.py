@@ -9,11 +9,12 @@ by the transform, in parallel and off the capture path (`document_json`).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import bsonjs
 import pyarrow as pa
+import pyarrow.compute as pc
 from bson.raw_bson import RawBSONDocument
 
 TS = pa.timestamp("us", tz="UTC")
@@ -70,7 +71,7 @@ class EventColumns:
         c["db"].append(ns.get("db") if ns is not None else None)
         c["coll"].append(ns.get("coll") if ns is not None else None)
         ts = doc["clusterTime"]
-        c["cluster_time"].append(datetime.fromtimestamp(ts.time, UTC))
+        c["cluster_time"].append(ts.time)  # seconds; made a timestamp column in to_table()
         c["cluster_time_inc"].append(ts.inc)
         wall = doc.get("wallTime")
         c["wall_time"].append(wall if isinstance(wall, datetime) else None)
@@ -86,7 +87,10 @@ class EventColumns:
         self.nbytes += len(raw)
 
     def to_table(self) -> pa.Table:
-        return pa.Table.from_pydict(self.columns, schema=RAW_SCHEMA)
+        seconds = pa.array(self.columns["cluster_time"], pa.int64())
+        columns = dict(self.columns)
+        columns["cluster_time"] = pc.multiply(seconds, 1_000_000).cast(TS)
+        return pa.Table.from_pydict(columns, schema=RAW_SCHEMA)
 
 
 DOCUMENT_FIELDS = {

@@ -1,0 +1,62 @@
+"""The benchmark scripts at tiny sizes, so they keep working (no timing is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_drain_benchmark_smoke():
+    out = _run(
+        "benchmarks.drain",
+        "--inserts",
+        "1500",
+        "--updates",
+        "500",
+        "--replaces",
+        "100",
+        "--deletes",
+        "200",
+        "--repeats",
+        "1",
+        "--memory",
+        "1000,2000",
+    )
+    assert "| consumer | events | events/s |" in out
+    for label in ("server ceiling", "**Tidemark drain**", "doing nothing", "json.dumps"):
+        assert label in out
+    assert out.count("| 2,300 |") == 6  # every consumer read the whole range
+    assert "| 1,000 |" in out and "| 2,000 |" in out  # the memory table
+    assert "a drain that finds nothing" in out
+
+
+@pytest.mark.slow
+def test_transform_benchmark_smoke():
+    out = _run(
+        "benchmarks.transform",
+        "--documents",
+        "2000",
+        "--small",
+        "300",
+        "--large",
+        "2000",
+        "--master",
+        "local[2]",
+    )
+    assert "initial load" in out
+    assert "| fold of 300 updates into 2,000 documents | 300 | 2,000 |" in out
+    assert "| fold of 2,000 updates into 2,000 documents | 2,000 | 2,000 |" in out
