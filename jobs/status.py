@@ -12,6 +12,8 @@ from state.store import BatchRecord, StateStore
 from tidemark.config import StreamConfig
 from tidemark.tokens import ts_to_datetime, unpack_ts
 
+YOUNG_OPLOG_SECONDS = 3600
+
 
 @dataclass(frozen=True)
 class StreamStatus:
@@ -25,6 +27,16 @@ class StreamStatus:
     oplog_window_seconds: float | None
     headroom_seconds: float | None  # time until the stored position falls off the oplog
     definition_changed: bool
+    oplog_fill: float | None = None  # fraction of the oplog's maximum size in use
+
+    @property
+    def oplog_is_young(self) -> bool:
+        """Neither full nor an hour old: too little history to project the headroom from."""
+        return (
+            self.oplog_fill is not None
+            and self.oplog_fill < 0.95
+            and (self.oplog_window_seconds or 0) < YOUNG_OPLOG_SECONDS
+        )
 
 
 def stream_status(stream: StreamConfig, client: MongoClient, store: StateStore) -> StreamStatus:
@@ -51,4 +63,9 @@ def stream_status(stream: StreamConfig, client: MongoClient, store: StateStore) 
         oplog_window_seconds=window.seconds if window else None,
         headroom_seconds=headroom,
         definition_changed=bool(checkpoint and checkpoint.fingerprint != stream.fingerprint()),
+        oplog_fill=(
+            window.size_bytes / window.max_bytes
+            if window and window.size_bytes and window.max_bytes
+            else None
+        ),
     )
