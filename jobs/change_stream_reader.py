@@ -114,6 +114,7 @@ class ChangeStreamReader:
         self._wire_version = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
+        self._more = threading.Event()
         self._thread: threading.Thread | None = None
         self._session: Any = None
         self._db = client.get_database(self.database, codec_options=RAW_CODEC)
@@ -144,6 +145,8 @@ class ChangeStreamReader:
             if item is _End:
                 return
             yield item
+            if not item.events:
+                self._more.set()  # the caller went on after "caught up": fetch again
 
     def close(self) -> None:
         self._stop.set()
@@ -254,6 +257,13 @@ class ChangeStreamReader:
                 token = self._remember(events, post_batch_token)
                 if not self._put(Batch(events, token)):
                     return
+                if not events:
+                    # Caught up: most callers stop here, so do not start a getMore that
+                    # would wait maxAwaitTimeMS for nothing before close() can finish.
+                    while not self._more.wait(0.05):
+                        if self._stop.is_set():
+                            return
+                    self._more.clear()
         except BaseException as error:  # handed to the caller, raised from batches()
             self._put(error)
 

@@ -22,8 +22,8 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from jobs.change_stream_reader import ChangeStreamReader
-from jobs.lake import ensure_writable, raw_partition, relative, write_parquet_atomic
-from jobs.raw_events import EventColumns
+from jobs.lake import ensure_writable
+from jobs.raw_writer import FLUSH_ROWS, RawBatchWriter
 from jobs.stream_errors import translate
 from resources.mongo import cluster_time
 from state.store import (
@@ -44,9 +44,6 @@ from tidemark.tokens import (
     unpack_ts,
 )
 
-# A flush bounds memory: converted rows are written out once either limit is reached.
-FLUSH_ROWS = 50_000
-FLUSH_BYTES = 64 << 20
 LEASE_TTL = timedelta(minutes=10)
 
 
@@ -117,51 +114,6 @@ def open_reader(
     )
 
 
-class RawBatchWriter:
-    """Buffers converted events per hour partition and writes Parquet files at each flush."""
-
-    def __init__(
-        self,
-        lake_root: Path,
-        stream: str,
-        batch_id: str,
-        flush_rows: int = FLUSH_ROWS,
-        flush_bytes: int = FLUSH_BYTES,
-    ) -> None:
-        self.lake_root = lake_root
-        self.flush_rows = flush_rows
-        self.flush_bytes = flush_bytes
-        self.stream = stream
-        self.batch_id = batch_id
-        self.buffers: dict[int, EventColumns] = {}  # by hour since the epoch
-        self.buffered_rows = 0
-        self.buffered_bytes = 0
-        self.files: list[FileEntry] = []
-
-    def add(self, event: RawBSONDocument, ts: Timestamp) -> None:
-        key = ts.time // 3600
-        buffer = self.buffers.get(key)
-        if buffer is None:
-            buffer = self.buffers[key] = EventColumns()
-        buffer.add(event)
-        self.buffered_rows += 1
-        self.buffered_bytes += len(event.raw)
-        if self.buffered_rows >= self.flush_rows or self.buffered_bytes >= self.flush_bytes:
-            self.flush()
-
-    def flush(self) -> None:
-        for hour, buffer in sorted(self.buffers.items()):
-            moment = datetime.fromtimestamp(hour * 3600, UTC)
-            path = raw_partition(self.lake_root, self.stream, moment) / (
-                f"{self.batch_id}-{len(self.files):05d}.parquet"
-            )
-            size = write_parquet_atomic(buffer.to_table(), path)
-            self.files.append(FileEntry(relative(self.lake_root, path), len(buffer), size))
-        self.buffers.clear()
-        self.buffered_rows = 0
-        self.buffered_bytes = 0
-
-
 @dataclass
 class Capture:
     """What one pass over a change stream consumed."""
@@ -178,6 +130,24 @@ class Capture:
     invalidated: bool = False
 
 
+def _cluster_time(event: RawBSONDocument) -> Timestamp:
+    return event["clusterTime"]
+
+
+def _first_past_end(
+    events: list[RawBSONDocument], end: int, is_past_end: Callable[[Timestamp], bool]
+) -> int:
+    """Index of the first event past the end (cluster times never go back in a stream)."""
+    low, high = 0, end
+    while low < high:
+        middle = (low + high) // 2
+        if is_past_end(_cluster_time(events[middle])):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 def capture(
     reader: ChangeStreamReader,
     writer: RawBatchWriter,
@@ -185,13 +155,15 @@ def capture(
     is_past_end: Callable[[Timestamp], bool],
     keep_alive: Callable[[], None],
 ) -> Capture:
-    """Consume whole batches until caught up, past the end, a budget, or an invalidate."""
+    """Consume whole batches until caught up, past the end, a budget, or an invalidate.
+
+    Work here is per batch, not per event: the cut for a budget is an index, the horizon is
+    checked on a batch's last event (a binary search only when it crosses), an invalidate can
+    only be a stream's last event, and the events go to the writer as raw bytes.
+    """
     clock = time.monotonic()
     renewed = clock
     got = Capture(token=reader.initial_token)
-    max_events = budget.max_events or 0
-    max_bytes = budget.max_bytes or 0
-    max_seconds = budget.max_seconds or 0.0
     for batch in reader.batches():
         events = batch.events
         if not events:
@@ -201,39 +173,44 @@ def capture(
             got.stop = "caught_up"
             return got
         now = time.monotonic()
-        if max_seconds and now - clock >= max_seconds:
+        if budget.max_seconds and now - clock >= budget.max_seconds:
             got.stop = "budget_seconds"
             return got
         if now - renewed > LEASE_TTL.total_seconds() / 3:
             keep_alive()
             renewed = now
-        last = len(events) - 1
-        for index, event in enumerate(events):
-            if max_events and got.events >= max_events:
-                got.stop = "budget_events"
-                return got
-            if max_bytes and got.bytes >= max_bytes:
-                got.stop = "budget_bytes"
-                return got
-            ts = event["clusterTime"]
-            if is_past_end(ts):
-                got.stop = "horizon"  # not consumed: the token still points just before it
-                return got
-            writer.add(event, ts)
-            operation = event["operationType"]
-            got.counts[operation] += 1
-            got.events += 1
-            got.bytes += len(event.raw)
-            got.last_ts = ts
-            got.last_id = event["_id"]["_data"]
+        take, stop = len(events), ""
+        if budget.max_events:
+            left = budget.max_events - got.events
+            if left < take:
+                take, stop = max(left, 0), "budget_events"
+        if budget.max_bytes:
+            size = got.bytes
+            for index in range(take):
+                size += len(events[index].raw)
+                if size >= budget.max_bytes:  # the event that crosses the limit is the last
+                    take, stop = index + 1, "budget_bytes"
+                    break
+        if take and is_past_end(_cluster_time(events[take - 1])):
+            take, stop = _first_past_end(events, take, is_past_end), "horizon"
+        if take and events[take - 1]["operationType"] == "invalidate":
+            got.invalidated, stop = True, "invalidate"
+        if take:
+            consumed = events[:take]
+            raws = [event.raw for event in consumed]
+            writer.add_many(raws)
+            got.events += take
+            got.bytes += sum(map(len, raws))
             if got.first_id is None:
-                got.first_id, got.first_ts = got.last_id, ts
-            if operation == "invalidate":
-                got.token = event["_id"]
-                got.invalidated = True
-                got.stop = "invalidate"
-                return got
-            got.token = batch.token_after if index == last else event["_id"]
+                got.first_id = consumed[0]["_id"]["_data"]
+                got.first_ts = _cluster_time(consumed[0])
+            last = consumed[-1]
+            got.last_id, got.last_ts = last["_id"]["_data"], _cluster_time(last)
+            whole = take == len(events) and not got.invalidated
+            got.token = batch.token_after if whole else last["_id"]
+        if stop:
+            got.stop = stop
+            return got
     got.stop = "closed"
     return got
 
@@ -290,7 +267,8 @@ def drain(
                 )
         except OperationFailure as exc:
             raise translate(exc, stream.name, client, position_time(checkpoint, options)) from None
-        writer.flush()
+        writer.close()
+        got.counts = writer.counts
         if before_commit is not None:
             before_commit(writer.files)
         token_json = token_to_json(got.token) if got.token is not None else None

@@ -9,6 +9,7 @@ by the transform, in parallel and off the capture path (`document_json`).
 
 from __future__ import annotations
 
+import struct
 from datetime import datetime
 from typing import Any
 
@@ -51,32 +52,59 @@ def _json(value: Any) -> str | None:
     return bsonjs.dumps(value.raw, mode=bsonjs.CANONICAL)
 
 
+def event_id(raw: bytes) -> str | None:
+    """The token's `_data` read straight from the event's first bytes.
+
+    The server writes `_id: {_data: "<hex>"}` first in every change event; checking each byte
+    of that layout makes this exact, and anything else returns None (decode instead).
+    """
+    if raw[4:9] == b"\x03_id\x00" and raw[13:20] == b"\x02_data\x00":
+        length = _INT32(raw, 20)[0]
+        if raw[23 + length : 24 + length] == b"\x00":
+            return raw[24 : 23 + length].decode()
+    return None
+
+
+_INT32 = struct.Struct("<i").unpack_from
+
+
 class EventColumns:
     """Column buffers for one partition's events; `to_table()` makes the Arrow table."""
 
     def __init__(self) -> None:
         self.columns: dict[str, list[Any]] = {f.name: [] for f in RAW_SCHEMA}
         self.nbytes = 0
+        self._namespaces: dict[bytes, tuple[Any, Any]] = {}  # ns sub-document -> (db, coll)
 
     def __len__(self) -> int:
         return len(self.columns["event_id"])
 
+    def _namespace(self, ns: RawBSONDocument | None) -> tuple[Any, Any]:
+        if ns is None:
+            return None, None
+        found = self._namespaces.get(ns.raw)
+        if found is None:
+            found = self._namespaces[ns.raw] = (ns.get("db"), ns.get("coll"))
+        return found
+
     def add(self, event: RawBSONDocument) -> None:
         raw = event.raw
-        doc = event  # top-level fields decoded once by the driver; sub-documents stay raw
+        # One dict of the top level (sub-documents stay raw): plain lookups from here on.
+        doc = dict(event.items())
         c = self.columns
-        c["event_id"].append(doc["_id"]["_data"])
+        c["event_id"].append(event_id(raw) or doc["_id"]["_data"])
         c["operation_type"].append(doc["operationType"])
-        ns = doc.get("ns")
-        c["db"].append(ns.get("db") if ns is not None else None)
-        c["coll"].append(ns.get("coll") if ns is not None else None)
+        db, coll = self._namespace(doc.get("ns"))
+        c["db"].append(db)
+        c["coll"].append(coll)
         ts = doc["clusterTime"]
         c["cluster_time"].append(ts.time)  # seconds; made a timestamp column in to_table()
         c["cluster_time_inc"].append(ts.inc)
         wall = doc.get("wallTime")
         c["wall_time"].append(wall if isinstance(wall, datetime) else None)
         c["txn_number"].append(doc.get("txnNumber"))
-        c["lsid"].append(_json(doc.get("lsid")))
+        lsid = doc.get("lsid")
+        c["lsid"].append(_json(lsid) if lsid is not None else None)
         to = doc.get("to")
         c["to_db"].append(to.get("db") if to is not None else None)
         c["to_coll"].append(to.get("coll") if to is not None else None)

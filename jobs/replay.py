@@ -14,8 +14,9 @@ from pathlib import Path
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from jobs.drain import LEASE_TTL, DrainResult, RawBatchWriter, batch_record, capture, open_reader
+from jobs.drain import LEASE_TTL, DrainResult, batch_record, capture, open_reader
 from jobs.lake import ensure_writable
+from jobs.raw_writer import RawBatchWriter
 from jobs.stream_errors import translate
 from resources.mongo import cluster_time, oplog_window
 from state.store import StateStore, new_batch_id
@@ -84,7 +85,8 @@ def replay(
                 )
         except OperationFailure as exc:
             raise translate(exc, stream.name, client, start_ts) from None
-        writer.flush()
+        writer.close()
+        got.counts = writer.counts
         if got.events:
             batch = batch_record(
                 batch_id,

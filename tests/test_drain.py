@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,7 @@ import pyarrow.compute as pc
 from bson import json_util
 
 from jobs.drain import drain
-from jobs.raw_events import document_json
+from jobs.raw_events import document_json, event_id
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json
 from tidemark.workload import run_workload
@@ -233,3 +234,16 @@ def test_whole_cluster_stream_sees_every_database(
         assert {(r["db"], r["coll"]) for r in rows} == {(db_name, "a"), (db_name + "_b", "b")}
     finally:
         client.drop_database(db_name + "_b")
+
+
+def test_event_id_is_read_from_the_leading_bytes_or_not_at_all():
+    token = {"_data": "826B0130DC000001FD2B022C0100"}
+    event = bson.encode({"_id": token, "operationType": "insert"})
+    assert event_id(event) == token["_data"]
+    # Any other layout (a field before _id, a _typeBits token, another type) is declined.
+    op = b"\x02operationType\x00" + struct.pack("<i", 7) + b"insert\x00"
+    body = op + b"\x03_id\x00" + bson.encode(token)
+    id_second = struct.pack("<i", len(body) + 5) + body + b"\x00"
+    assert bson.decode(id_second)["_id"] == token and event_id(id_second) is None
+    assert event_id(bson.encode({"_id": {"_typeBits": b"\x01", "_data": "82"}})) is None
+    assert event_id(bson.encode({"_id": {"_data": 5}})) is None
