@@ -24,17 +24,21 @@ from pymongo.errors import OperationFailure
 from jobs.change_stream_reader import ChangeStreamReader
 from jobs.lake import ensure_writable
 from jobs.raw_writer import FLUSH_ROWS, RawBatchWriter
+from jobs.snapshot import begin_snapshot, copy_chunks
 from jobs.stream_errors import translate
 from resources.mongo import cluster_time
 from state.store import (
     BatchRecord,
     Checkpoint,
     FileEntry,
+    Lease,
     NewPosition,
+    SnapshotRecord,
     StateStore,
     new_batch_id,
 )
 from tidemark.config import Budget, StreamConfig
+from tidemark.errors import HistoryLost
 from tidemark.tokens import (
     datetime_to_ts,
     pack_ts,
@@ -67,6 +71,7 @@ class DrainResult:
     started_at: datetime
     duration_s: float
     checkpoint_version: int | None = None
+    snapshot: SnapshotRecord | None = None  # the snapshot this run copied chunks of, if any
 
     @property
     def file_bytes(self) -> int:
@@ -242,54 +247,182 @@ def drain(
     *,
     before_commit: Callable[[list[FileEntry]], None] | None = None,
     flush_rows: int = FLUSH_ROWS,
+    resnapshot: bool = False,
+    after_chunk: Callable[[SnapshotRecord], None] | None = None,
 ) -> DrainResult:
-    """Drain `stream` once and commit; see the module docstring. `before_commit` is a test seam."""
+    """Drain `stream` once and commit; see the module docstring.
+
+    A stream that starts with a snapshot (or is asked to re-snapshot, or has
+    `on_history_lost: resnapshot` and lost its position) copies its collections first, chunk
+    by chunk, and drains the change stream from the snapshot's time once the copy is done.
+    `before_commit` and `after_chunk` are test seams.
+    """
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     ensure_writable(lake_root)
     store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, LEASE_TTL)
     try:
-        checkpoint = store.checkpoint(stream.name)  # as of holding the lease
-        assert checkpoint is not None
-        options = start_options(checkpoint, stream)
-        horizon = cluster_time(client)
-        batch_id = new_batch_id()
-        writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
+        snapshot = _snapshot_phase(
+            stream,
+            client,
+            store,
+            lake_root,
+            lease,
+            resnapshot,
+            after_chunk,
+        )
+        if snapshot is not None and snapshot.status != "done":
+            return _snapshot_result(stream, snapshot, started_at, clock)
         try:
-            with open_reader(client, stream, options) as reader:
-                got = capture(
-                    reader,
-                    writer,
-                    stream.budget,
-                    lambda ts: ts > horizon,
-                    lambda: store.renew_lease(lease, LEASE_TTL),
-                )
-        except OperationFailure as exc:
-            raise translate(exc, stream.name, client, position_time(checkpoint, options)) from None
-        writer.close()
-        got.counts = writer.counts
-        if before_commit is not None:
-            before_commit(writer.files)
-        token_json = token_to_json(got.token) if got.token is not None else None
-        token_ts = token_cluster_time(got.token) if got.token is not None else None
-        position = None
-        if token_json is not None and token_json != checkpoint.token:
-            position = NewPosition(
-                token=token_json,
-                token_is_invalidate=got.invalidated,
-                cluster_time=pack_ts(token_ts) if token_ts else None,
+            return _incremental(
+                stream,
+                client,
+                store,
+                lake_root,
+                lease,
+                started_at,
+                clock,
+                before_commit,
+                flush_rows,
+                snapshot,
             )
-        batch = None
-        if got.events:
-            batch = batch_record(
-                batch_id, stream.name, "incremental", got, writer.files, token_after=token_json
+        except HistoryLost:
+            if stream.on_history_lost != "resnapshot":
+                raise
+            snapshot = begin_snapshot(stream, client, store, lease, "history lost")
+            snapshot = copy_chunks(
+                stream,
+                client,
+                store,
+                lake_root,
+                lease,
+                snapshot,
+                max_seconds=stream.budget.max_seconds,
+                after_chunk=after_chunk,
             )
-        version = None
-        if batch is not None or position is not None:
-            version = store.commit_batch(lease, checkpoint.version, batch, position, ttl=LEASE_TTL)
+            if snapshot.status != "done":
+                return _snapshot_result(stream, snapshot, started_at, clock)
+            return _incremental(
+                stream,
+                client,
+                store,
+                lake_root,
+                lease,
+                started_at,
+                clock,
+                before_commit,
+                flush_rows,
+                snapshot,
+            )
     finally:
         store.release_lease(lease)
+
+
+def _snapshot_phase(
+    stream: StreamConfig,
+    client: MongoClient,
+    store: StateStore,
+    lake_root: Path,
+    lease: Lease,
+    resnapshot: bool,
+    after_chunk: Callable[[SnapshotRecord], None] | None,
+) -> SnapshotRecord | None:
+    """Begin or continue a snapshot when one is due; None when there is none to do."""
+    snapshot = store.running_snapshot(stream.name)
+    checkpoint = store.checkpoint(stream.name)
+    assert checkpoint is not None
+    if snapshot is None and resnapshot:
+        snapshot = begin_snapshot(stream, client, store, lease, "resnapshot requested")
+    elif snapshot is None and stream.start == "snapshot" and not checkpoint.has_position:
+        snapshot = begin_snapshot(stream, client, store, lease, "initial")
+    if snapshot is None:
+        return None
+    return copy_chunks(
+        stream,
+        client,
+        store,
+        lake_root,
+        lease,
+        snapshot,
+        max_seconds=stream.budget.max_seconds,
+        after_chunk=after_chunk,
+    )
+
+
+def _snapshot_result(
+    stream: StreamConfig, snapshot: SnapshotRecord, started_at: datetime, clock: float
+) -> DrainResult:
+    at = unpack_ts(snapshot.cluster_time)
+    return DrainResult(
+        stream=stream.name,
+        batch_id=None,
+        events=0,
+        bytes=0,
+        files=[],
+        events_by_type={},
+        stop_reason="snapshot_in_progress",
+        first_cluster_time=None,
+        last_cluster_time=None,
+        token_cluster_time=at,
+        horizon=at,
+        started_at=started_at,
+        duration_s=time.monotonic() - clock,
+        snapshot=snapshot,
+    )
+
+
+def _incremental(
+    stream: StreamConfig,
+    client: MongoClient,
+    store: StateStore,
+    lake_root: Path,
+    lease: Lease,
+    started_at: datetime,
+    clock: float,
+    before_commit: Callable[[list[FileEntry]], None] | None,
+    flush_rows: int,
+    snapshot: SnapshotRecord | None,
+) -> DrainResult:
+    checkpoint = store.checkpoint(stream.name)  # as of holding the lease
+    assert checkpoint is not None
+    options = start_options(checkpoint, stream)
+    horizon = cluster_time(client)
+    batch_id = new_batch_id()
+    writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
+    try:
+        with open_reader(client, stream, options) as reader:
+            got = capture(
+                reader,
+                writer,
+                stream.budget,
+                lambda ts: ts > horizon,
+                lambda: store.renew_lease(lease, LEASE_TTL),
+            )
+    except OperationFailure as exc:
+        writer.close()
+        raise translate(exc, stream.name, client, position_time(checkpoint, options)) from None
+    writer.close()
+    got.counts = writer.counts
+    if before_commit is not None:
+        before_commit(writer.files)
+    token_json = token_to_json(got.token) if got.token is not None else None
+    token_ts = token_cluster_time(got.token) if got.token is not None else None
+    position = None
+    if token_json is not None and token_json != checkpoint.token:
+        position = NewPosition(
+            token=token_json,
+            token_is_invalidate=got.invalidated,
+            cluster_time=pack_ts(token_ts) if token_ts else None,
+        )
+    batch = None
+    if got.events:
+        batch = batch_record(
+            batch_id, stream.name, "incremental", got, writer.files, token_after=token_json
+        )
+    version = None
+    if batch is not None or position is not None:
+        version = store.commit_batch(lease, checkpoint.version, batch, position, ttl=LEASE_TTL)
     return DrainResult(
         stream=stream.name,
         batch_id=batch_id if got.events else None,
@@ -306,4 +439,5 @@ def drain(
         started_at=started_at,
         duration_s=time.monotonic() - clock,
         checkpoint_version=version,
+        snapshot=snapshot,
     )

@@ -4,8 +4,9 @@ Event order is the resume token's `_data` (event id), whose server encoding star
 cluster time and keeps the order of events inside a transaction. Per key (namespace +
 document key) the newest event wins: insert / replace / update with a post-image upsert it,
 delete removes it; an update whose post-image is null (the document was gone when the server
-looked it up) changes nothing. drop, dropDatabase and rename act on whole namespaces, so the
-events are folded in segments between them, each namespace event applied to what came before.
+looked it up) changes nothing. drop, dropDatabase, rename and a snapshot's start act on whole
+namespaces, so the events are folded in segments between them, each applied to what came
+before. Snapshot rows are upserts whose event ids sort at the snapshot's time.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 KEY = ["_tm_db", "_tm_coll", "_tm_key"]
-KEY_OPERATIONS = ["insert", "update", "replace", "delete"]
-NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename"]
+KEY_OPERATIONS = ["insert", "update", "replace", "delete", "snapshot"]
+# snapshot_start opens a (re-)snapshot: its scope is replaced by the snapshot's rows.
+NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", "snapshot_start"]
 STATE_COLUMNS = [
     "_tm_db",
     "_tm_coll",
@@ -65,6 +67,10 @@ def apply_namespace_event(state: DataFrame, event: Any) -> DataFrame:
     before = F.col("_tm_event_id") < F.lit(event.event_id)
     in_db = F.col("_tm_db") == F.lit(event.db)
     in_coll = in_db & (F.col("_tm_coll") == F.lit(event.coll))
+    if event.operation_type == "snapshot_start":
+        if event.db is None:
+            return state.where(~before)  # a whole-cluster stream
+        return state.where(~((in_coll if event.coll is not None else in_db) & before))
     if event.operation_type == "dropDatabase":
         return state.where(~(in_db & before))
     if event.operation_type == "drop":

@@ -22,7 +22,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: snapshots
 
 
 class UTCDateTime(TypeDecorator):
@@ -104,6 +104,7 @@ batches = Table(
     Column("token_after", Text),  # the checkpoint this batch moved to (incremental only)
     Column("window_start", BigInteger),  # replay windows
     Column("window_end", BigInteger),
+    Column("snapshot_id", String(64)),  # snapshot chunks: the snapshot they belong to
     Column("committed_at", UTCDateTime, nullable=False, index=True),
 )
 
@@ -152,4 +153,22 @@ transformed_batches = Table(
     Column("stream", String(64), nullable=False, index=True),
     Column("version", Integer),  # the current-state version that folded it (None: all duplicates)
     Column("transformed_at", UTCDateTime, nullable=False),
+)
+
+snapshots = Table(
+    "tidemark_snapshots",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("stream", String(64), ForeignKey("tidemark_streams.name"), nullable=False, index=True),
+    Column("reason", String(200), nullable=False),  # initial | resnapshot: ... | history lost
+    Column("cluster_time", BigInteger, nullable=False),  # T: the change stream continues here
+    Column("namespaces", Text, nullable=False),  # JSON [[db, coll], ...] in copy order
+    Column("namespace_index", Integer, nullable=False),  # the one being copied
+    Column("last_key", Text),  # canonical Extended JSON of the last _id copied there
+    Column("chunks", Integer, nullable=False),  # compare-and-set counter of committed chunks
+    Column("documents", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),  # running | done
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime),
 )

@@ -102,6 +102,24 @@ class BatchRecord:
     window_end: int | None = None
     committed_at: datetime | None = None
     epoch: int = 0
+    snapshot_id: str | None = None
+
+
+@dataclass
+class SnapshotRecord:
+    id: str
+    stream: str
+    reason: str
+    cluster_time: int
+    namespaces: list[tuple[str, str]]
+    namespace_index: int
+    last_key: str | None
+    chunks: int
+    documents: int
+    bytes: int
+    status: str
+    started_at: datetime
+    finished_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -488,6 +506,7 @@ class StateStore:
                 token_after=batch.token_after,
                 window_start=batch.window_start,
                 window_end=batch.window_end,
+                snapshot_id=batch.snapshot_id,
                 committed_at=_now(),
             )
         )
@@ -586,6 +605,7 @@ class StateStore:
                 window_end=r.window_end,
                 committed_at=r.committed_at,
                 epoch=r.epoch,
+                snapshot_id=r.snapshot_id,
             )
             for r in rows
         ]
@@ -608,6 +628,102 @@ class StateStore:
             rows = conn.execute(select(r).where(r.c.stream == stream).order_by(r.c.id)).all()
         return [dict(row._mapping) for row in rows]
 
+    # -- snapshots -----------------------------------------------------------------------
+
+    def start_snapshot(self, lease: Lease, snapshot: SnapshotRecord, actor: str) -> None:
+        """One transaction: record the snapshot and move the checkpoint to its time T."""
+        now = _now()
+        with self._tx("snapshot start") as conn:
+            self._fence(conn, lease, timedelta(minutes=10))
+            old = self._checkpoint(conn, snapshot.stream)
+            conn.execute(
+                insert(schema.snapshots).values(
+                    id=snapshot.id,
+                    stream=snapshot.stream,
+                    reason=snapshot.reason,
+                    cluster_time=snapshot.cluster_time,
+                    namespaces=json.dumps(snapshot.namespaces),
+                    namespace_index=0,
+                    last_key=None,
+                    chunks=0,
+                    documents=0,
+                    bytes=0,
+                    status="running",
+                    started_at=now,
+                )
+            )
+            conn.execute(
+                update(schema.checkpoints)
+                .where(schema.checkpoints.c.stream == snapshot.stream)
+                .values(
+                    token=None,
+                    token_is_invalidate=False,
+                    start_at_operation_time=snapshot.cluster_time,
+                    cluster_time=snapshot.cluster_time,
+                    version=schema.checkpoints.c.version + 1,
+                    updated_at=now,
+                )
+            )
+            if old is not None and old.has_position:
+                conn.execute(
+                    insert(schema.resets).values(
+                        stream=snapshot.stream,
+                        at=now,
+                        actor=actor,
+                        from_token=old.token,
+                        from_cluster_time=old.cluster_time,
+                        to_description=f"snapshot {snapshot.id} ({snapshot.reason})",
+                        old_fingerprint=old.fingerprint,
+                        new_fingerprint=old.fingerprint,
+                    )
+                )
+
+    def commit_snapshot_chunk(
+        self, lease: Lease, snapshot: SnapshotRecord, batch: BatchRecord | None, done: bool
+    ) -> None:
+        """One transaction: the chunk's batch and the snapshot's progress (compare-and-set)."""
+        s = schema.snapshots
+        with self._tx("snapshot chunk commit") as conn:
+            self._fence(conn, lease, timedelta(minutes=10))
+            moved = conn.execute(
+                update(s)
+                .where(s.c.id == snapshot.id, s.c.chunks == snapshot.chunks - 1)
+                .values(
+                    namespace_index=snapshot.namespace_index,
+                    last_key=snapshot.last_key,
+                    chunks=snapshot.chunks,
+                    documents=snapshot.documents,
+                    bytes=snapshot.bytes,
+                    status="done" if done else "running",
+                    finished_at=_now() if done else None,
+                )
+            )
+            if moved.rowcount != 1:
+                raise CheckpointConflict(
+                    f"Snapshot {snapshot.id} of stream {snapshot.stream!r} moved while this run "
+                    "copied a chunk; nothing was committed.",
+                    "Run the drain again: it continues from the last committed chunk.",
+                )
+            if batch is not None:
+                self._insert_batch(conn, batch, lease.epoch)
+
+    def snapshots(self, stream: str) -> list[SnapshotRecord]:
+        s = schema.snapshots
+        with self._tx("snapshot list") as conn:
+            rows = conn.execute(
+                select(s).where(s.c.stream == stream).order_by(s.c.started_at, s.c.id)
+            ).all()
+        return [
+            SnapshotRecord(
+                **{**dict(r._mapping), "namespaces": [tuple(n) for n in json.loads(r.namespaces)]}
+            )
+            for r in rows
+        ]
+
+    def running_snapshot(self, stream: str) -> SnapshotRecord | None:
+        running = [s for s in self.snapshots(stream) if s.status == "running"]
+        return running[-1] if running else None
+
     def batch_count(self, stream: str) -> int:
         b = schema.batches
         with self._tx("batch count") as conn:
@@ -621,8 +737,15 @@ class TransformState:
         self.store = store
 
     def untransformed_batches(self, stream: str) -> list[BatchRecord]:
+        """Committed batches not folded yet; chunks of an unfinished snapshot wait for the rest
+        (a namespace is replaced by its snapshot as a whole)."""
         done = self._transformed_ids(stream)
-        return [b for b in self.store.batches(stream) if b.id not in done]
+        unfinished = {s.id for s in self.store.snapshots(stream) if s.status != "done"}
+        return [
+            b
+            for b in self.store.batches(stream)
+            if b.id not in done and b.snapshot_id not in unfinished
+        ]
 
     def _transformed_ids(self, stream: str) -> set[str]:
         t = schema.transformed_batches

@@ -120,9 +120,14 @@ def make_stream(db_name: str) -> Callable[..., StreamConfig]:
 
 
 @pytest.fixture
-def sqlite_store(tmp_path: Path) -> Iterator[StateStore]:
+def state_url_sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+def sqlite_store(state_url_sqlite: str) -> Iterator[StateStore]:
     """For tests about what is drained, not about the store: one backend is enough."""
-    s = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    s = StateStore(state_url_sqlite)
     yield s
     s.close()
 

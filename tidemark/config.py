@@ -102,7 +102,9 @@ class StreamConfig(BaseModel):
     batch_size: Annotated[int, Field(gt=0, le=100_000)] = 1000
     max_await_time_ms: Annotated[int, Field(gt=0, le=60_000)] = 1000
     budget: Budget = Field(default_factory=Budget)
-    start: Literal["now"] | datetime = "now"
+    start: Literal["now", "snapshot"] | datetime = "now"
+    on_history_lost: Literal["fail", "resnapshot"] = "fail"
+    snapshot_chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 5000
     current_table: bool = True  # fold into the versioned current-state table
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
     schedule: str = "*/5 * * * *"  # cron of the Dagster schedule
@@ -111,7 +113,7 @@ class StreamConfig(BaseModel):
 
     @field_validator("start")
     @classmethod
-    def _start_is_utc(cls, value: Literal["now"] | datetime) -> Literal["now"] | datetime:
+    def _start_is_utc(cls, value: str | datetime) -> str | datetime:
         if isinstance(value, datetime):
             if value.tzinfo is None:
                 return value.replace(tzinfo=UTC)
