@@ -19,6 +19,12 @@ from resources.dagster_resources import (
 from tidemark.config import StreamConfig
 
 
+class DrainConfig(dg.Config):
+    """Launchpad settings of a raw_changes run."""
+
+    resnapshot: bool = False  # copy the collection(s) afresh first (see README, Snapshots)
+
+
 def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
     return {
         name: dg.AssetKey([stream.name, name])
@@ -53,13 +59,15 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
         metadata=meta,
     )
     def raw_changes(
-        mongo: MongoResource, state: StateStoreResource, lake: LakeResource
+        config: DrainConfig, mongo: MongoResource, state: StateStoreResource, lake: LakeResource
     ) -> dg.MaterializeResult:
         """The stream's raw zone. Each run drains the change stream from the stored resume token
         to its postBatchResumeToken (or the run's horizon, or its budget), writes the events as
         Hive-partitioned Parquet and commits the files and the new token in one transaction."""
         with explained():
-            result = drain(stream, mongo.raw_client(), state.store(), lake.path)
+            result = drain(
+                stream, mongo.raw_client(), state.store(), lake.path, resnapshot=config.resnapshot
+            )
             status = stream_status(stream, mongo.raw_client(), state.store())
         return dg.MaterializeResult(metadata=drain_metadata(result, status))
 

@@ -35,6 +35,10 @@ def sync_job_name(stream: StreamConfig) -> str:
     return f"{stream.name}_sync"
 
 
+def resnapshot_job_name(stream: StreamConfig) -> str:
+    return f"{stream.name}_resnapshot"
+
+
 def replay_job_name(stream: StreamConfig) -> str:
     return f"{stream.name}_replay"
 
@@ -55,6 +59,13 @@ def stream_jobs(stream: StreamConfig) -> tuple[list[Any], list[dg.ScheduleDefini
         executor_def=dg.in_process_executor,
         description=f"Replay operation-time windows of {stream.namespace}.",
     )
+    resnapshot = dg.define_asset_job(
+        resnapshot_job_name(stream),
+        selection=dg.AssetSelection.assets(*selected),
+        executor_def=dg.in_process_executor,
+        config={"ops": {f"{stream.name}__raw_changes": {"config": {"resnapshot": True}}}},
+        description=f"Copy {stream.namespace} afresh (a re-snapshot), then drain and fold it.",
+    )
     schedule = dg.ScheduleDefinition(
         name=f"{stream.name}_schedule",
         job=sync,
@@ -62,7 +73,7 @@ def stream_jobs(stream: StreamConfig) -> tuple[list[Any], list[dg.ScheduleDefini
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
     )
-    return [sync, replay_job], [schedule]
+    return [sync, replay_job, resnapshot], [schedule]
 
 
 def build_definitions(

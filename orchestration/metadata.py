@@ -51,6 +51,12 @@ def drain_metadata(result: DrainResult, status: StreamStatus | None) -> dict[str
     ):
         if value is not None:
             metadata[key] = value
+    if result.snapshot is not None:
+        metadata["snapshot_chunks"] = result.snapshot.chunks
+        metadata["snapshot_documents"] = result.snapshot.documents
+        metadata["snapshot_bytes"] = result.snapshot.bytes
+        metadata["snapshot_status"] = result.snapshot.status
+        metadata["snapshot_reason"] = result.snapshot.reason
     if status is not None:
         if status.lag_seconds is not None:
             metadata["lag_seconds"] = float(status.lag_seconds)

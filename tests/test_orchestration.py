@@ -242,3 +242,25 @@ def test_refused_windows_give_the_clear_message(setup):
             _minute(now) + timedelta(minutes=1),
         )
     assert resources["state"].store().batches("orders") == []
+
+
+def test_a_resnapshot_job_reports_snapshot_progress(setup, client, db_name):
+    defs = setup(snapshot_chunk_size=40)[1]
+    instance = dg.DagsterInstance.ephemeral()
+    client[db_name]["orders"].insert_many([{"_id": i} for i in range(100)])
+    run = defs.resolve_job_def("orders_resnapshot").execute_in_process(instance=instance)
+    assert run.success
+    raw = next(
+        e
+        for e in run.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["orders", "raw_changes"])
+    )
+    metadata = {k: v.value for k, v in raw.materialization.metadata.items()}
+    assert metadata["snapshot_status"] == "done" and metadata["snapshot_documents"] == 100
+    assert metadata["snapshot_chunks"] == 3 and metadata["snapshot_bytes"] > 0
+    current = next(
+        e
+        for e in run.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["orders", "current"])
+    )
+    assert current.materialization.metadata["rows"].value == 100

@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="T",
         help="start from T (ISO 8601, UTC unless it has an offset)",
     )
+    p = sub.add_parser("resnapshot", help="copy a stream's collections afresh, then drain")
+    p.add_argument("stream")
     p = sub.add_parser("gc", help="delete raw files that no committed batch lists")
     p.add_argument(
         "--min-age",
@@ -114,6 +116,8 @@ def _run(args: argparse.Namespace) -> int:
             return _status(runtime)
         if args.command == "reset":
             return _reset(runtime, args)
+        if args.command == "resnapshot":
+            return _resnapshot(runtime, args.stream)
         if args.command == "gc":
             return _gc(runtime, args.min_age)
         if args.command == "demo":
@@ -208,6 +212,23 @@ def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
         f"Stream {stream.name!r} now starts from {moment:%Y-%m-%d %H:%M:%S} UTC "
         "(recorded in the state store's reset history)."
     )
+    return 0
+
+
+def _resnapshot(runtime: Runtime, name: str) -> int:
+    stream = runtime.config.stream(name)
+    result = drain(stream, runtime.client, runtime.store, runtime.lake_root, resnapshot=True)
+    snapshot = result.snapshot
+    assert snapshot is not None
+    print(
+        f"Snapshot {snapshot.id} of stream {stream.name!r}: {snapshot.status}, "
+        f"{snapshot.chunks} chunks, {snapshot.documents:,} documents "
+        f"(recorded in the state store; the stream continues from its time)."
+    )
+    if snapshot.status != "done":
+        print("The copy stopped at the run's time budget: `tidemark drain` continues it.")
+    else:
+        print(_drain_table([result]))
     return 0
 
 
