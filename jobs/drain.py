@@ -263,58 +263,29 @@ def drain(
     store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, LEASE_TTL)
     try:
-        snapshot = _snapshot_phase(
-            stream,
-            client,
-            store,
-            lake_root,
-            lease,
-            resnapshot,
-            after_chunk,
-        )
-        if snapshot is not None and snapshot.status != "done":
-            return _snapshot_result(stream, snapshot, started_at, clock)
-        try:
-            return _incremental(
-                stream,
-                client,
-                store,
-                lake_root,
-                lease,
-                started_at,
-                clock,
-                before_commit,
-                flush_rows,
-                snapshot,
-            )
-        except HistoryLost:
-            if stream.on_history_lost != "resnapshot":
-                raise
-            snapshot = begin_snapshot(stream, client, store, lease, "history lost")
-            snapshot = copy_chunks(
-                stream,
-                client,
-                store,
-                lake_root,
-                lease,
-                snapshot,
-                max_seconds=stream.budget.max_seconds,
-                after_chunk=after_chunk,
-            )
-            if snapshot.status != "done":
+        snapshot = _snapshot_phase(stream, client, store, lake_root, lease, resnapshot, after_chunk)
+        for attempt in (1, 2):
+            if snapshot is not None and snapshot.status != "done":
                 return _snapshot_result(stream, snapshot, started_at, clock)
-            return _incremental(
-                stream,
-                client,
-                store,
-                lake_root,
-                lease,
-                started_at,
-                clock,
-                before_commit,
-                flush_rows,
-                snapshot,
-            )
+            try:
+                return _incremental(
+                    stream,
+                    client,
+                    store,
+                    lake_root,
+                    lease,
+                    started_at,
+                    clock,
+                    before_commit,
+                    flush_rows,
+                    snapshot,
+                )
+            except HistoryLost:
+                if stream.on_history_lost != "resnapshot" or attempt == 2:
+                    raise
+                snapshot = begin_snapshot(stream, client, store, lease, "history lost")
+                snapshot = _copy(stream, client, store, lake_root, lease, snapshot, after_chunk)
+        raise AssertionError("unreachable: the second attempt returns or raises")
     finally:
         store.release_lease(lease)
 
@@ -338,6 +309,18 @@ def _snapshot_phase(
         snapshot = begin_snapshot(stream, client, store, lease, "initial")
     if snapshot is None:
         return None
+    return _copy(stream, client, store, lake_root, lease, snapshot, after_chunk)
+
+
+def _copy(
+    stream: StreamConfig,
+    client: MongoClient,
+    store: StateStore,
+    lake_root: Path,
+    lease: Lease,
+    snapshot: SnapshotRecord,
+    after_chunk: Callable[[SnapshotRecord], None] | None,
+) -> SnapshotRecord:
     return copy_chunks(
         stream,
         client,

@@ -531,19 +531,6 @@ class StateStore:
         now = _now()
         with self._tx("reset") as conn:
             self._fence(conn, lease, timedelta(minutes=1))
-            old = self._checkpoint(conn, stream.name)
-            conn.execute(
-                insert(schema.resets).values(
-                    stream=stream.name,
-                    at=now,
-                    actor=actor,
-                    from_token=old.token if old else None,
-                    from_cluster_time=old.cluster_time if old else None,
-                    to_description=description,
-                    old_fingerprint=old.fingerprint if old else None,
-                    new_fingerprint=stream.fingerprint(),
-                )
-            )
             conn.execute(
                 update(schema.streams)
                 .where(schema.streams.c.name == stream.name)
@@ -553,19 +540,47 @@ class StateStore:
                     updated_at=now,
                 )
             )
-            conn.execute(
-                update(schema.checkpoints)
-                .where(schema.checkpoints.c.stream == stream.name)
-                .values(
-                    token=position.token,
-                    token_is_invalidate=position.token_is_invalidate,
-                    start_at_operation_time=position.start_at_operation_time,
-                    cluster_time=position.cluster_time,
-                    fingerprint=stream.fingerprint(),
-                    version=schema.checkpoints.c.version + 1,
-                    updated_at=now,
-                )
+            self._move_checkpoint(
+                conn, stream.name, position, description, actor, stream.fingerprint(), now
             )
+
+    def _move_checkpoint(
+        self,
+        conn: Connection,
+        stream: str,
+        position: NewPosition,
+        description: str,
+        actor: str,
+        fingerprint: str,
+        now: datetime,
+    ) -> None:
+        """An explicit move (reset, snapshot): the checkpoint, and a line in `resets`."""
+        old = self._checkpoint(conn, stream)
+        conn.execute(
+            insert(schema.resets).values(
+                stream=stream,
+                at=now,
+                actor=actor,
+                from_token=old.token if old else None,
+                from_cluster_time=old.cluster_time if old else None,
+                to_description=description,
+                old_fingerprint=old.fingerprint if old else None,
+                new_fingerprint=fingerprint,
+            )
+        )
+        conn.execute(
+            update(schema.checkpoints)
+            .where(schema.checkpoints.c.stream == stream)
+            .values(
+                token=position.token,
+                token_is_invalidate=position.token_is_invalidate,
+                start_at_operation_time=position.start_at_operation_time,
+                cluster_time=position.cluster_time,
+                fingerprint=fingerprint,
+                version=schema.checkpoints.c.version + 1,
+                updated_at=now,
+            )
+        )
 
     # -- reading the manifest ------------------------------------------------------------
 
@@ -652,31 +667,19 @@ class StateStore:
                     started_at=now,
                 )
             )
-            conn.execute(
-                update(schema.checkpoints)
-                .where(schema.checkpoints.c.stream == snapshot.stream)
-                .values(
-                    token=None,
-                    token_is_invalidate=False,
+            assert old is not None
+            self._move_checkpoint(
+                conn,
+                snapshot.stream,
+                NewPosition(
                     start_at_operation_time=snapshot.cluster_time,
                     cluster_time=snapshot.cluster_time,
-                    version=schema.checkpoints.c.version + 1,
-                    updated_at=now,
-                )
+                ),
+                f"snapshot {snapshot.id} ({snapshot.reason})",
+                actor,
+                old.fingerprint,
+                now,
             )
-            if old is not None and old.has_position:
-                conn.execute(
-                    insert(schema.resets).values(
-                        stream=snapshot.stream,
-                        at=now,
-                        actor=actor,
-                        from_token=old.token,
-                        from_cluster_time=old.cluster_time,
-                        to_description=f"snapshot {snapshot.id} ({snapshot.reason})",
-                        old_fingerprint=old.fingerprint,
-                        new_fingerprint=old.fingerprint,
-                    )
-                )
 
     def commit_snapshot_chunk(
         self, lease: Lease, snapshot: SnapshotRecord, batch: BatchRecord | None, done: bool
