@@ -38,7 +38,7 @@ from state.store import (
     new_batch_id,
 )
 from tidemark.config import Budget, StreamConfig
-from tidemark.errors import HistoryLost
+from tidemark.errors import HistoryLost, StateStoreError
 from tidemark.tokens import (
     datetime_to_ts,
     pack_ts,
@@ -81,7 +81,15 @@ class DrainResult:
 def start_options(checkpoint: Checkpoint, stream: StreamConfig) -> dict[str, Any]:
     """The $changeStream options that open the stream where the checkpoint says."""
     if checkpoint.token is not None:
-        token = token_from_json(checkpoint.token)
+        try:
+            token = token_from_json(checkpoint.token)
+        except (ValueError, TypeError) as exc:
+            raise StateStoreError(
+                f"The checkpoint of stream {stream.name!r} holds a damaged resume token "
+                f"({str(exc)[:120]}); nothing was drained.",
+                f"Run `tidemark reset {stream.name} --to-time T` with the time to restart from "
+                "(see `tidemark status`), or restore the state store from a backup.",
+            ) from None
         # After an invalidate only startAfter may open a new stream past it.
         key = "startAfter" if checkpoint.token_is_invalidate else "resumeAfter"
         return {key: token}

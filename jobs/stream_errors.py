@@ -14,7 +14,16 @@ HISTORY_LOST = 286  # ChangeStreamHistoryLost
 FATAL = 280  # ChangeStreamFatalError: the resume token is no longer found
 INVALID_TOKEN = 260  # InvalidResumeToken
 UNAUTHORIZED = 13
+TOO_LARGE = (10334, 17419, 16493)  # BSONObjectTooLarge and kin: an event over 16 MB
 NOT_A_REPLICA_SET = (40573, 40602)  # $changeStream on a standalone
+
+
+def server_message(exc: OperationFailure) -> str:
+    """The server's own words (errmsg and code name), without pymongo's dump of the reply."""
+    details = exc.details or {}
+    message = details.get("errmsg") or str(exc).split(", full error:")[0]
+    name = details.get("codeName")
+    return f"{message} ({name}, code {exc.code})" if name else f"{message} (code {exc.code})"
 
 
 def _fmt(ts: Timestamp | None) -> str:
@@ -43,9 +52,20 @@ def translate(
     if exc.code == INVALID_TOKEN:
         return TidemarkError(
             f"The server rejected the resume token stored for stream {stream!r} as invalid "
-            f"({exc.details.get('errmsg') if exc.details else exc}).",
+            f"({server_message(exc)}).",
             f"The state store's checkpoint looks damaged: run `tidemark reset {stream} "
             "--to-time T` with the time to restart from.",
+        )
+    if exc.code in TOO_LARGE or "BSONObjectTooLarge" in str(exc):
+        return TidemarkError(
+            f"A change event of stream {stream!r} is larger than MongoDB's 16 MB limit (a large "
+            "document with its post-image and pre-image together), so the server cannot deliver "
+            "it; the stream stops before it and nothing was committed.",
+            "Remedies: drop full_document_before_change (or full_document) for this stream, or "
+            "leave the large fields out with a $project stage (both change the definition: "
+            f"`tidemark reset {stream} --to-time T` afterwards); MongoDB 6.0.9 / 7.0 and later "
+            "can split large events ($changeStreamSplitLargeEvent), which this Tidemark does "
+            "not use yet.",
         )
     if exc.code in NOT_A_REPLICA_SET:
         return ReplicaSetRequired(
@@ -55,11 +75,12 @@ def translate(
         )
     if exc.code == UNAUTHORIZED:
         return MongoConnectionError(
-            f"The MongoDB user may not open the change stream of stream {stream!r}: {exc}.",
+            f"The MongoDB user may not open the change stream of stream {stream!r}: "
+            f"{server_message(exc)}.",
             "Grant it the `find` and `changeStream` actions on the watched namespaces "
             "(see README, 'Least privilege').",
         )
     return TidemarkError(
-        f"The change stream of stream {stream!r} failed on the server: {exc}.",
+        f"The change stream of stream {stream!r} failed on the server: {server_message(exc)}.",
         "Nothing was committed; the next run starts again from the last checkpoint.",
     )

@@ -61,6 +61,13 @@ def test_a_good_file_loads(tmp_path):
         ("streams:\n  - name: a\n    batch_size: 0\n", "batch_size"),
         ("streams:\n  - name: a\n    full_document: always\n", "full_document"),
         ("streams: []\n", "streams"),
+        (
+            "streams:\n  - {name: a, database: d, collection: ../../etc}\n",
+            "not a valid MongoDB collection name: it may not start or end with '.'",
+        ),
+        ("streams:\n  - {name: a, database: d, collection: a..b}\n", "contain '..'"),
+        ("streams:\n  - {name: a, database: 'my/db'}\n", "not a valid MongoDB database name"),
+        ("streams:\n  - {name: a, database: d, collection: system.users}\n", "MongoDB's own"),
         ("streams:\n  - name: a\n    full_document: default\n", "needs the document after each"),
         ("streams:\n  - name: a\n    schedule: every five minutes\n", "is not a cron expression"),
         (

@@ -11,12 +11,15 @@ from pymongo import MongoClient
 from jobs.drain import drain
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect, oplog_window
+from tests.helpers.lake_reading import committed_table
 from tidemark.errors import (
     HistoryLost,
     LakeError,
     MongoConnectionError,
     ReplicaSetRequired,
+    StateStoreError,
     StreamDefinitionChanged,
+    TidemarkError,
 )
 from tidemark.tokens import pack_ts
 
@@ -140,3 +143,58 @@ def test_password_never_reaches_the_error(tmp_path: Path):
     with pytest.raises(MongoConnectionError) as refused:
         connect("mongodb://admin:hunter2@127.0.0.1:1/", timeout_ms=300)
     assert "hunter2" not in str(refused.value) and "admin:***@" in str(refused.value)
+
+
+def test_a_damaged_token_in_the_state_store_is_a_clear_error(
+    raw_client, sqlite_store, lake, make_stream
+):
+    from sqlalchemy import update
+
+    from state import schema
+
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    with sqlite_store.engine.begin() as conn:
+        conn.execute(update(schema.checkpoints).values(token='{"_data": broken'))
+    with pytest.raises(StateStoreError) as refused:
+        drain(stream, raw_client, sqlite_store, lake)
+    assert "damaged resume token" in str(refused.value)
+    assert "tidemark reset orders --to-time" in str(refused.value)
+    assert sqlite_store.batch_count(stream.name) == 0
+
+
+def test_an_event_over_16_mb_is_a_clear_error_and_nothing_is_committed(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    client[db_name].create_collection("orders", changeStreamPreAndPostImages={"enabled": True})
+    stream = make_stream(full_document="required", full_document_before_change="required")
+    drain(stream, raw_client, sqlite_store, lake)
+    kept = sqlite_store.checkpoint(stream.name)
+    client[db_name]["orders"].insert_one({"_id": 1, "blob": "x" * (9 << 20)})
+    client[db_name]["orders"].update_one({"_id": 1}, {"$set": {"small": 1}})
+    with pytest.raises(TidemarkError) as refused:
+        drain(stream, raw_client, sqlite_store, lake)
+    message = str(refused.value)
+    assert "larger than MongoDB's 16 MB limit" in message
+    assert "$changeStreamSplitLargeEvent" in message and "full_document_before_change" in message
+    assert sqlite_store.checkpoint(stream.name) == kept
+    assert sqlite_store.batch_count(stream.name) == 0
+
+
+@pytest.mark.parametrize(
+    "collection",
+    ["a/./b/c", "/etc/passwd", "with space. and.dots", "café/ürün/日本", "x\\y", "~/.ssh"],
+)
+def test_names_from_data_never_reach_a_path(
+    collection, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(collection=collection)
+    drain(stream, raw_client, sqlite_store, lake)
+    client[db_name][collection].insert_many([{"_id": i} for i in range(3)])
+    result = drain(stream, raw_client, sqlite_store, lake)
+    assert result.events == 3
+    stream_dir = (lake / "raw" / "orders").resolve()
+    every_file = [p.resolve() for p in lake.rglob("*") if p.is_file()]
+    assert every_file and all(stream_dir in p.parents for p in every_file)
+    rows = committed_table(sqlite_store, lake, stream.name).to_pylist()
+    assert {r["coll"] for r in rows} == {collection}

@@ -36,6 +36,7 @@ ALLOWED_STAGES = {
 }
 
 Scope = Literal["collection", "database", "cluster"]
+_DB_FORBIDDEN = '/\\. "$*<>:|?\x00'
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?LW#]+")
 
 
@@ -128,6 +129,33 @@ class StreamConfig(BaseModel):
             if problem:
                 raise ValueError(f"stage {index} ({json.dumps(stage, default=str)}): {problem}")
         return stages
+
+    @field_validator("database")
+    @classmethod
+    def _database_name(cls, value: str | None) -> str | None:
+        bad = sorted(set(value or "") & set(_DB_FORBIDDEN))
+        if value is not None and (bad or len(value.encode()) > 63):
+            raise ValueError(
+                f"{value!r} is not a valid MongoDB database name: it may not contain "
+                f"{' '.join(repr(c) for c in bad) or 'more than 63 bytes'}"
+            )
+        return value
+
+    @field_validator("collection")
+    @classmethod
+    def _collection_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        problem = None
+        if "\x00" in value or "$" in value:
+            problem = "it may not contain '$' or a null character"
+        elif value.startswith(".") or value.endswith(".") or ".." in value:
+            problem = "it may not start or end with '.' or contain '..'"
+        elif value.startswith("system."):
+            problem = "names starting with 'system.' are MongoDB's own"
+        if problem:
+            raise ValueError(f"{value!r} is not a valid MongoDB collection name: {problem}")
+        return value
 
     @model_validator(mode="after")
     def _collection_needs_database(self) -> StreamConfig:
