@@ -38,13 +38,14 @@ from state.store import (
     new_batch_id,
 )
 from tidemark.config import Budget, StreamConfig
-from tidemark.errors import HistoryLost, StateStoreError
+from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
 from tidemark.tokens import (
     datetime_to_ts,
     pack_ts,
     token_cluster_time,
     token_from_json,
     token_to_json,
+    ts_to_datetime,
     unpack_ts,
 )
 
@@ -377,6 +378,15 @@ def _incremental(
 ) -> DrainResult:
     checkpoint = store.checkpoint(stream.name)  # as of holding the lease
     assert checkpoint is not None
+    if checkpoint.token_is_invalidate and stream.on_invalidate == "stop":
+        moment = ts_to_datetime(checkpoint.cluster_time)
+        raise StreamInvalidated(
+            f"Stream {stream.name!r} ended with an invalidate at "
+            f"{moment:%Y-%m-%d %H:%M:%S} UTC ({stream.namespace} was dropped or renamed), and "
+            "its on_invalidate is 'stop'; everything up to the invalidate is committed.",
+            "Set on_invalidate: continue to follow a re-created collection from there, or "
+            f"`tidemark reset {stream.name} --to-now` to start afresh.",
+        )
     options = start_options(checkpoint, stream)
     horizon = cluster_time(client)
     batch_id = new_batch_id()

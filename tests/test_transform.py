@@ -20,6 +20,7 @@ from tests.helpers.oracle import (
     seed_collection,
     source_state,
 )
+from tidemark.errors import StreamInvalidated
 
 
 def _drain_until_caught_up(stream, raw_client, store, lake) -> int:
@@ -219,3 +220,27 @@ def test_rename_drop_and_drop_database_act_on_whole_namespaces(
     _drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     assert read_current(spark, sqlite_store, lake, stream.name).count() == 0
+
+
+@pytest.mark.parametrize("policy", ["stop", "continue"])
+def test_on_invalidate_stops_or_follows_the_recreated_collection(
+    policy, spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(on_invalidate=policy)
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i} for i in range(5)])
+    coll.drop()
+    assert drain(stream, raw_client, sqlite_store, lake).stop_reason == "invalidate"
+    coll.insert_many([{"_id": i, "again": True} for i in range(3)])
+    if policy == "stop":
+        with pytest.raises(StreamInvalidated, match="on_invalidate: continue"):
+            drain(stream, raw_client, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        # current is right up to the invalidate: the drop emptied the collection.
+        assert read_current(spark, sqlite_store, lake, stream.name).count() == 0
+        return
+    assert drain(stream, raw_client, sqlite_store, lake).events == 3
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders") and len(got) == 3

@@ -105,6 +105,9 @@ class StreamConfig(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     start: Literal["now", "snapshot"] | datetime = "now"
     on_history_lost: Literal["fail", "resnapshot"] = "fail"
+    # After an invalidate (the collection dropped or renamed, or the database dropped):
+    # continue opens the stream again with startAfter and follows a re-created collection.
+    on_invalidate: Literal["stop", "continue"] = "continue"
     snapshot_chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 5000
     current_table: bool = True  # fold into the versioned current-state table
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5

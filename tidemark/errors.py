@@ -36,6 +36,10 @@ class StreamDefinitionChanged(TidemarkError):
     """A stream's definition no longer matches the one its checkpoint was taken with."""
 
 
+class StreamInvalidated(TidemarkError):
+    """The watched collection or database went away and the stream is set to stop there."""
+
+
 class HistoryLost(TidemarkError):
     """The stored resume point is no longer in the oplog (server error ChangeStreamHistoryLost)."""
 
