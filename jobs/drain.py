@@ -8,6 +8,7 @@ Parquet, and commits the batch manifest and the new resume token in one transact
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
 from jobs.change_stream_reader import ChangeStreamReader
 from jobs.lake import ensure_writable
@@ -38,7 +39,12 @@ from state.store import (
     new_batch_id,
 )
 from tidemark.config import Budget, StreamConfig
-from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
+from tidemark.errors import (
+    HistoryLost,
+    MongoConnectionError,
+    StateStoreError,
+    StreamInvalidated,
+)
 from tidemark.tokens import (
     datetime_to_ts,
     pack_ts,
@@ -296,7 +302,10 @@ def drain(
                 snapshot = _copy(stream, client, store, lake_root, lease, snapshot, after_chunk)
         raise AssertionError("unreachable: the second attempt returns or raises")
     finally:
-        store.release_lease(lease)
+        # When the state store itself failed, its error is the one to show; the lease then
+        # expires, or is taken over once this process has ended.
+        with contextlib.suppress(StateStoreError):
+            store.release_lease(lease)
 
 
 def _snapshot_phase(
@@ -403,6 +412,14 @@ def _incremental(
     except OperationFailure as exc:
         writer.close()
         raise translate(exc, stream.name, client, position_time(checkpoint, options)) from None
+    except PyMongoError as exc:  # the server went away, and one resume attempt failed too
+        writer.close()
+        raise MongoConnectionError(
+            f"MongoDB became unreachable while stream {stream.name!r} was drained "
+            f"({type(exc).__name__}: {str(exc).split(', Timeout')[0][:200]}); nothing was "
+            "committed.",
+            "The next run resumes from the last checkpoint once the server is back.",
+        ) from None
     writer.close()
     got.counts = writer.counts
     if before_commit is not None:

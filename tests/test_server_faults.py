@@ -1,0 +1,117 @@
+"""Server faults with real processes and sockets: the state store going away at commit time,
+and mongod killed with -9 in the middle of a drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from jobs.drain import drain
+from resources.embedded_mongo import start_mongod, stop_mongod
+from resources.mongo import connect
+from state.store import StateStore
+from tests.helpers.lake_reading import committed_table
+from tests.helpers.tcp_proxy import TcpProxy
+from tests.test_commit_protocol import _start_child, _wait_for
+from tidemark.errors import MongoConnectionError
+
+
+def _through(proxy: TcpProxy, url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{proxy.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def test_state_store_gone_at_commit_moves_no_token_and_loses_nothing(
+    mongod, client, raw_client, pg_schema_url, lake, make_stream, db_name, tmp_path
+):
+    target = urlsplit(pg_schema_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    url = _through(proxy, pg_schema_url)
+    store = StateStore(url)
+    stream = make_stream()
+    drain(stream, raw_client, store, lake)
+    kept = store.checkpoint(stream.name)
+    client[db_name]["orders"].insert_many([{"_id": i} for i in range(50)])
+
+    ready = tmp_path / "ready"
+    child = _start_child(mongod, url, lake, stream, ready)
+    written = _wait_for(ready, child)
+    proxy.cut()  # PostgreSQL goes away just before the commit
+    Path(str(ready) + ".go").touch()
+    _, err = child.communicate(timeout=120)
+    assert child.returncode != 0
+    assert "The state store at" in err and "failed during commit" in err
+
+    proxy.restore()
+    store = StateStore(url)  # a fresh pool: the old sockets are gone
+    assert store.checkpoint(stream.name) == kept  # no token moved
+    assert store.batch_count(stream.name) == 0
+    result = drain(stream, raw_client, store, lake)  # takes over the dead run's lease
+    assert result.events == 50
+    rows = committed_table(store, lake, stream.name)
+    assert sorted(rows.column("document_key").to_pylist()) == sorted(
+        f'{{ "_id" : {{ "$numberInt" : "{i}" }} }}' for i in range(50)
+    )
+    assert store.committed_paths(stream.name).isdisjoint(written)
+    proxy.cut()
+
+
+def test_mongod_killed_mid_drain_then_the_next_run_completes(tmp_path, sqlite_store, make_stream):
+    dbpath = tmp_path / "victim"
+    server = start_mongod(dbpath)
+    lake = tmp_path / "lake"
+    try:
+        writer = connect(server.uri)
+        raw = connect(server.uri, raw=True, timeout_ms=3000)
+        stream = make_stream(database="shop", collection="orders", batch_size=50)
+        drain(stream, raw, sqlite_store, lake)
+        kept = sqlite_store.checkpoint(stream.name)
+        writer.shop.orders.insert_many([{"_id": i, "pad": "x" * 1000} for i in range(60_000)])
+        writer.close()
+
+        def kill_when_the_first_chunk_lands() -> None:
+            # The first chunk's file appears while the capture is still reading the rest.
+            while not any((lake / "raw").rglob("*.parquet")):
+                time.sleep(0.01)
+            os.kill(server.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_the_first_chunk_lands)
+        killer.start()
+        with pytest.raises(MongoConnectionError) as failed:
+            drain(stream, raw, sqlite_store, lake)
+        killer.join()
+        assert "became unreachable" in str(failed.value) and "nothing was committed" in str(
+            failed.value
+        )
+        raw.close()
+        assert sqlite_store.checkpoint(stream.name) == kept  # failed without committing
+        assert sqlite_store.batch_count(stream.name) == 0
+        # Restart on the same data directory and port: the next run completes.
+        server = start_mongod(dbpath, port=server.port)
+        raw = connect(server.uri, raw=True)
+        while drain(stream, raw, sqlite_store, lake).stop_reason != "caught_up":
+            pass
+        table = committed_table(sqlite_store, lake, stream.name)
+        ids = table.column("event_id").to_pylist()
+        assert len(ids) == len(set(ids)) == 60_000  # each event exactly once
+        raw.close()
+    finally:
+        stop_mongod(server)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_children():
+    yield
+    # A failed test must not leave drain children behind.
+    subprocess.run(["pkill", "-f", "tests.helpers.drain_child"], check=False)
+    time.sleep(0.1)
+    assert sys.executable
