@@ -9,6 +9,9 @@ files are only data once the drain commits them; a crash leaves orphans for `tid
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from collections import Counter, deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, datetime
@@ -52,6 +55,18 @@ def convert_chunk(
         files.append((relative(root, path), len(buffer), size))
         counts.update(buffer.columns["operation_type"])
     return files, dict(counts)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Pool initializer: a converter whose drain died (killed, crashed) exits too, instead of
+    lingering as an orphan holding the dead run's pipes."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tidemark-parent-watch", daemon=True).start()
 
 
 def warm_up() -> None:
@@ -131,7 +146,12 @@ class RawBatchWriter:
     def _start_pool(self) -> ProcessPoolExecutor:
         # spawn, not fork: the parent holds MongoDB connections and threads.
         context = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=self.converters, mp_context=context)
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.converters,
+            mp_context=context,
+            initializer=_exit_with_parent,
+            initargs=(os.getpid(),),
+        )
         for _ in range(self.converters):
             self._pool.submit(warm_up)
         return self._pool

@@ -1,0 +1,83 @@
+"""Crash consistency: drains and transforms SIGKILLed at random moments, between bursts of
+writes. After one clean run, `current` equals the source and `changes` holds every event once."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.drain import drain
+from jobs.tables import read_changes, read_current
+from jobs.transform import transform
+from tests.helpers.lake_reading import direct_events
+from tests.helpers.oracle import burst, current_state, seed_collection, source_state
+from tidemark.tokens import token_from_json
+
+ROOT = Path(__file__).resolve().parent.parent
+# (step, seconds after start to kill it): a drain child lives ~1-2 s, a transform child ~8-15 s
+# (the JVM starts first), so the kills land in imports, reads, writes, commits and publishes.
+STEPS = [("drain", (0.3, 2.5)), ("drain", (0.3, 2.5)), ("transform", (3.0, 14.0))]
+
+
+def _run_and_kill(step, window, rng, mongod, state_url, lake, stream) -> bool:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.crash_child",
+            step,
+            mongod.uri,
+            state_url,
+            str(lake),
+            stream.model_dump_json(),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(rng.uniform(*window))
+    killed = child.poll() is None
+    if killed:
+        child.send_signal(signal.SIGKILL)
+    _, err = child.communicate(timeout=120)
+    assert killed or child.returncode == 0, err[-2000:]
+    return killed
+
+
+@pytest.mark.slow
+def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
+    mongod, spark, client, raw_client, sqlite_store, state_url_sqlite, lake, make_stream, db_name
+):
+    rng = random.Random(2026)
+    stream = make_stream(budget={"max_events": 700})
+    drain(stream, raw_client, sqlite_store, lake)
+    start = sqlite_store.checkpoint(stream.name).token
+    seed_collection(client, db_name, "orders", rng)
+    kills = 0
+    while kills < 30:
+        burst(client, db_name, "orders", rng, 300)
+        for step, window in STEPS:
+            kills += _run_and_kill(step, window, rng, mongod, state_url_sqlite, lake, stream)
+
+    while drain(stream, raw_client, sqlite_store, lake).stop_reason != "caught_up":
+        pass
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders")
+    reference = [
+        e["_id"]["_data"]
+        for e in direct_events(raw_client[db_name]["orders"], token_from_json(start))
+    ]
+    logged = [
+        r.event_id for r in read_changes(spark, lake, stream.name).select("event_id").collect()
+    ]
+    assert len(logged) == len(set(logged))  # no event twice
+    assert sorted(logged) == sorted(reference)  # and none missing
+    assert kills >= 30
