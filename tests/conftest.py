@@ -139,3 +139,36 @@ def spark():
     session, created = spark_session(SparkConfig(master="local[2]", driver_memory="2g"))
     yield session
     stop_if_created(session, created)
+
+
+SECRET = "s3cr3t-Pa55-w0rd"
+
+
+@pytest.fixture(scope="session")
+def auth_mongod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mongod, str]]:
+    """A replica set with access control and a least-privilege user; returns (server, URI)."""
+    base = tmp_path_factory.mktemp("auth")
+    keyfile = base / "keyfile"
+    keyfile.write_text("tidemarktestkeyfilecontents0123456789")
+    keyfile.chmod(0o600)
+    server = start_mongod(base / "data", extra_args=("--auth", "--keyFile", str(keyfile)))
+    # The localhost exception lets the first user be created without credentials.
+    with MongoClient(f"127.0.0.1:{server.port}", directConnection=True) as admin:
+        admin.admin.command("createUser", "root", pwd="rootpw", roles=["root"])
+    with MongoClient(
+        f"127.0.0.1:{server.port}", directConnection=True, username="root", password="rootpw"
+    ) as root:
+        root.admin.command(
+            "createRole",
+            "tidemarkCapture",
+            privileges=[
+                {"resource": {"db": "shop", "collection": ""}, "actions": ["find", "changeStream"]},
+                {"resource": {"db": "local", "collection": "oplog.rs"}, "actions": ["find"]},
+            ],
+            roles=[],
+        )
+        root.admin.command("createUser", "capture", pwd=SECRET, roles=["tidemarkCapture"])
+        root.shop.orders.insert_one({"_id": "seed"})
+    uri = f"mongodb://capture:{SECRET}@127.0.0.1:{server.port}/?replicaSet=rs0&authSource=admin"
+    yield server, uri
+    stop_mongod(server)
