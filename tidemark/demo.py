@@ -18,15 +18,7 @@ from tidemark.workload import run_workload
 
 
 def run_demo(runtime: Runtime, orders: int = 500) -> None:
-    import dagster as dg
-
-    from orchestration.definitions import build_definitions, sync_job_name
-    from resources.dagster_resources import (
-        LakeResource,
-        MongoResource,
-        SparkResource,
-        StateStoreResource,
-    )
+    from orchestration.in_process import local_definitions, run_sync
     from resources.spark import spark_session, stop_if_created
     from tidemark.dagster_env import dagster_home
 
@@ -34,26 +26,17 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
     if not streams:
         raise SystemExit("The demo needs a collection stream in the streams config.")
     os.environ.setdefault("DAGSTER_HOME", str(dagster_home(runtime.settings)))
-    defs = build_definitions(
-        runtime.config,
-        {
-            "mongo": MongoResource(uri=runtime.uri),
-            "state": StateStoreResource(url=runtime.settings.state_url),
-            "lake": LakeResource(root=str(runtime.lake_root)),
-            "spark": SparkResource(master=os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]")),
-        },
+    defs = local_definitions(
+        runtime.config, runtime.uri, runtime.settings.state_url, str(runtime.lake_root)
     )
-    instance = dg.DagsterInstance.get()
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     print("Starting Spark (the transform's engine) ...", flush=True)
     spark, created = spark_session()  # shared with the runs, printed from afterwards
     writer = connect(runtime.uri)
     try:
         for stream in streams:
-            job = defs.resolve_job_def(sync_job_name(stream))
             checkpoint = runtime.store.checkpoint(stream.name)
             if checkpoint is None or not checkpoint.has_position:
-                job.execute_in_process(instance=instance, run_config=quiet)
+                run_sync(defs, stream)  # the first run takes the starting position
             assert stream.database and stream.collection
             done = run_workload(
                 writer,
@@ -65,9 +48,9 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
             print(
                 f"workload on {stream.namespace}: " + ", ".join(f"{v} {k}" for k, v in done.items())
             )
-            result = job.execute_in_process(instance=instance, run_config=quiet)
+            result = run_sync(defs, stream)
             print(
-                f"Dagster run {result.run_id[:8]} of {job.name}: "
+                f"Dagster run {result.run_id[:8]} of {stream.name}_sync: "
                 f"{'success' if result.success else 'FAILED'}\n"
             )
             print(summary(stream.name, result))
@@ -80,32 +63,19 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
     print("See the runs, the asset graph and the checks with `make ui`.")
 
 
-def _metadata(result: Any, name: str) -> dict[str, Any]:
-    for event in result.get_asset_materialization_events():
-        if event.asset_key.path[-1] == name:
-            return {k: v.value for k, v in event.materialization.metadata.items()}
-    return {}
-
-
 def summary(stream: str, result: Any) -> str:
-    raw = _metadata(result, "raw_changes")
-    current = _metadata(result, "current")
-    changes = _metadata(result, "changes")
+    from orchestration.in_process import check_outcomes, materialization_metadata
+
+    raw = materialization_metadata(result, "raw_changes")
+    current = materialization_metadata(result, "current")
+    changes = materialization_metadata(result, "changes")
     by_type = ", ".join(
         f"{k.removeprefix('events_')} {v:,}"
         for k, v in sorted(raw.items())
         if k.startswith("events_") and v
     )
     token = raw.get("token_time")
-    checks = {
-        e.asset_check_evaluation_data.check_name: (
-            "ok"
-            if e.asset_check_evaluation_data.passed
-            else e.asset_check_evaluation_data.severity.value
-        )
-        for e in result.all_events
-        if e.event_type_value == "ASSET_CHECK_EVALUATION"
-    }
+    checks = check_outcomes(result)
     rows = [
         ["events", f"{raw.get('events', 0):,}  ({by_type or 'none'})"],
         ["files / bytes", f"{raw.get('files', 0)} / {human_bytes(raw.get('file_bytes', 0))}"],
