@@ -84,6 +84,35 @@ class DrainResult:
     def file_bytes(self) -> int:
         return sum(f.bytes for f in self.files)
 
+    @classmethod
+    def of(
+        cls,
+        stream: str,
+        batch_id: str,
+        got: Capture,
+        files: list[FileEntry],
+        horizon: Timestamp,
+        started_at: datetime,
+        clock: float,
+        **extra: Any,
+    ) -> DrainResult:
+        """The result of a pass that consumed `got` (a drain's or a replay's)."""
+        return cls(
+            stream=stream,
+            batch_id=batch_id if got.events else None,
+            events=got.events,
+            bytes=got.bytes,
+            files=files,
+            events_by_type=dict(got.counts),
+            stop_reason=got.stop,
+            first_cluster_time=got.first_ts,
+            last_cluster_time=got.last_ts,
+            horizon=horizon,
+            started_at=started_at,
+            duration_s=time.monotonic() - clock,
+            **{"token_cluster_time": None, **extra},
+        )
+
 
 def start_options(checkpoint: Checkpoint, stream: StreamConfig) -> dict[str, Any]:
     """The $changeStream options that open the stream where the checkpoint says."""
@@ -441,21 +470,16 @@ def _incremental(
     version = None
     if batch is not None or position is not None:
         version = store.commit_batch(lease, checkpoint.version, batch, position, ttl=LEASE_TTL)
-    return DrainResult(
-        stream=stream.name,
-        batch_id=batch_id if got.events else None,
-        events=got.events,
-        bytes=got.bytes,
-        files=writer.files,
-        events_by_type=dict(got.counts),
-        stop_reason=got.stop,
-        first_cluster_time=got.first_ts,
-        last_cluster_time=got.last_ts,
+    return DrainResult.of(
+        stream.name,
+        batch_id,
+        got,
+        writer.files,
+        horizon,
+        started_at,
+        clock,
         token_cluster_time=token_ts
         or (unpack_ts(checkpoint.cluster_time) if checkpoint.cluster_time else None),
-        horizon=horizon,
-        started_at=started_at,
-        duration_s=time.monotonic() - clock,
         checkpoint_version=version,
         snapshot=snapshot,
     )

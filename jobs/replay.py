@@ -100,18 +100,4 @@ def replay(
             store.commit_batch(lease, None, batch, None, ttl=LEASE_TTL)
     finally:
         store.release_lease(lease)
-    return DrainResult(
-        stream=stream.name,
-        batch_id=batch_id if got.events else None,
-        events=got.events,
-        bytes=got.bytes,
-        files=writer.files,
-        events_by_type=dict(got.counts),
-        stop_reason=got.stop,
-        first_cluster_time=got.first_ts,
-        last_cluster_time=got.last_ts,
-        token_cluster_time=None,
-        horizon=end_ts,
-        started_at=started_at,
-        duration_s=time.monotonic() - clock,
-    )
+    return DrainResult.of(stream.name, batch_id, got, writer.files, end_ts, started_at, clock)

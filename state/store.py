@@ -76,6 +76,15 @@ class NewPosition:
     start_at_operation_time: int | None = None
     cluster_time: int | None = None
 
+    def columns(self) -> dict[str, Any]:
+        """The checkpoint columns this position sets."""
+        return {
+            "token": self.token,
+            "token_is_invalidate": self.token_is_invalidate,
+            "start_at_operation_time": self.start_at_operation_time,
+            "cluster_time": self.cluster_time,
+        }
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -469,14 +478,7 @@ class StateStore:
                         checkpoints.c.stream == lease.stream,
                         checkpoints.c.version == expected_version,
                     )
-                    .values(
-                        token=position.token,
-                        token_is_invalidate=position.token_is_invalidate,
-                        start_at_operation_time=position.start_at_operation_time,
-                        cluster_time=position.cluster_time,
-                        version=new_version,
-                        updated_at=_now(),
-                    )
+                    .values(**position.columns(), version=new_version, updated_at=_now())
                 )
                 if done.rowcount != 1:
                     raise CheckpointConflict(
@@ -572,10 +574,7 @@ class StateStore:
             update(schema.checkpoints)
             .where(schema.checkpoints.c.stream == stream)
             .values(
-                token=position.token,
-                token_is_invalidate=position.token_is_invalidate,
-                start_at_operation_time=position.start_at_operation_time,
-                cluster_time=position.cluster_time,
+                **position.columns(),
                 fingerprint=fingerprint,
                 version=schema.checkpoints.c.version + 1,
                 updated_at=now,
