@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -106,12 +104,3 @@ def test_mongod_killed_mid_drain_then_the_next_run_completes(tmp_path, sqlite_st
         raw.close()
     finally:
         stop_mongod(server)
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_children():
-    yield
-    # A failed test must not leave drain children behind.
-    subprocess.run(["pkill", "-f", "tests.helpers.drain_child"], check=False)
-    time.sleep(0.1)
-    assert sys.executable
