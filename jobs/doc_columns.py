@@ -115,9 +115,5 @@ def expand(state: DataFrame, schema: StructType) -> DataFrame:
     return state.select(*STATE_COLUMNS, *(parsed.getField(f.name).alias(f.name) for f in fields))
 
 
-def schema_to_json(schema: StructType) -> str:
-    return schema.json()
-
-
 def schema_from_json(text: str | None) -> StructType:
     return StructType.fromJson(json.loads(text)) if text else StructType([])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from bson import Timestamp
@@ -102,10 +101,6 @@ def _uri_timeout(uri: str, default: int) -> int:
     return int(match.group(1)) if match else default
 
 
-def is_sharded(client: MongoClient) -> bool:
-    return client.admin.command("hello").get("msg") == "isdbgrid"
-
-
 def cluster_time(client: MongoClient) -> Timestamp:
     """The deployment's current operation time: a run's horizon."""
     reply = client.admin.command("ping")
@@ -152,10 +147,6 @@ def oplog_window(client: MongoClient) -> OplogWindow | None:
     except PyMongoError:
         size = max_size = 0
     return OplogWindow(first["ts"], last["ts"], size or None, max_size or None)
-
-
-def ts_datetime(ts: Timestamp) -> datetime:
-    return datetime.fromtimestamp(ts.time, UTC)
 
 
 def _first_line(exc: Exception) -> str:

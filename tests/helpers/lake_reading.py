@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from bson import json_util
 from bson.raw_bson import RawBSONDocument
-from pymongo import MongoClient
 
 from jobs.raw_events import RAW_SCHEMA
 from state.store import StateStore
@@ -30,11 +28,3 @@ def direct_events(collection, resume_after) -> list[RawBSONDocument]:
             if event is None:
                 return events
             events.append(event)
-
-
-def token_doc(token_json: str | None) -> dict | None:
-    return json_util.loads(token_json) if token_json else None
-
-
-def raw_collection(raw_client: MongoClient, db: str, coll: str):
-    return raw_client[db][coll]
