@@ -328,7 +328,9 @@ def drain(
                 if stream.on_history_lost != "resnapshot" or attempt == 2:
                     raise
                 snapshot = begin_snapshot(stream, client, store, lease, "history lost")
-                snapshot = _copy(stream, client, store, lake_root, lease, snapshot, after_chunk)
+                snapshot = copy_chunks(
+                    stream, client, store, lake_root, lease, snapshot, after_chunk=after_chunk
+                )
         raise AssertionError("unreachable: the second attempt returns or raises")
     finally:
         # When the state store itself failed, its error is the one to show; the lease then
@@ -356,28 +358,7 @@ def _snapshot_phase(
         snapshot = begin_snapshot(stream, client, store, lease, "initial")
     if snapshot is None:
         return None
-    return _copy(stream, client, store, lake_root, lease, snapshot, after_chunk)
-
-
-def _copy(
-    stream: StreamConfig,
-    client: MongoClient,
-    store: StateStore,
-    lake_root: Path,
-    lease: Lease,
-    snapshot: SnapshotRecord,
-    after_chunk: Callable[[SnapshotRecord], None] | None,
-) -> SnapshotRecord:
-    return copy_chunks(
-        stream,
-        client,
-        store,
-        lake_root,
-        lease,
-        snapshot,
-        max_seconds=stream.budget.max_seconds,
-        after_chunk=after_chunk,
-    )
+    return copy_chunks(stream, client, store, lake_root, lease, snapshot, after_chunk=after_chunk)
 
 
 def _snapshot_result(

@@ -122,11 +122,11 @@ def copy_chunks(
     lease: Lease,
     snapshot: SnapshotRecord,
     *,
-    max_seconds: float | None = None,
     after_chunk: Callable[[SnapshotRecord], None] | None = None,
 ) -> SnapshotRecord:
-    """Copy and commit chunks until the snapshot is done (or the run's time is up)."""
+    """Copy and commit chunks until the snapshot is done (or the run's time budget is up)."""
     clock = time.monotonic()
+    max_seconds = stream.budget.max_seconds
     at = unpack_ts(snapshot.cluster_time)
     while snapshot.status != "done":
         if max_seconds and time.monotonic() - clock >= max_seconds:
