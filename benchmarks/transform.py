@@ -20,7 +20,7 @@ from pathlib import Path
 from pymongo import MongoClient, UpdateOne
 
 from benchmarks.drain import document
-from jobs.drain import drain
+from jobs.drain import drain_until_caught_up
 from jobs.transform import transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
@@ -29,15 +29,6 @@ from state.store import StateStore
 from tidemark.config import StreamConfig
 
 UNBOUNDED = {"max_events": None, "max_bytes": None, "max_seconds": None}
-
-
-def _drain_all(stream: StreamConfig, raw: MongoClient, store: StateStore, lake: Path) -> int:
-    events = 0
-    while True:
-        result = drain(stream, raw, store, lake)
-        events += result.events
-        if result.stop_reason == "caught_up":
-            return events
 
 
 def _updates(client: MongoClient, count: int, documents: int, rng: random.Random) -> None:
@@ -72,7 +63,7 @@ def run(args: argparse.Namespace) -> str:
         spark.range(1).count()
         jvm_seconds = time.perf_counter() - started
         try:
-            _drain_all(stream, raw, store, lake)
+            drain_until_caught_up(stream, raw, store, lake)
             rng = random.Random(args.seed)
             filler = max(0, int(args.doc_kb * 1024) - 420)
             steps = [("load", args.documents), ("fold", args.small), ("fold", args.large)]
@@ -88,7 +79,7 @@ def run(args: argparse.Namespace) -> str:
                         )
                 else:
                     _updates(client, count, args.documents, rng)
-                drained = _drain_all(stream, raw, store, lake)
+                drained = drain_until_caught_up(stream, raw, store, lake)
                 began = time.perf_counter()
                 result = transform(spark, store, lake, stream)
                 seconds = time.perf_counter() - began

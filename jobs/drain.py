@@ -339,6 +339,19 @@ def drain(
             store.release_lease(lease)
 
 
+def drain_until_caught_up(
+    stream: StreamConfig, client: MongoClient, store: StateStore, lake_root: Path
+) -> int:
+    """Run drains (each bounded by its budget, or a snapshot's chunks) until one is caught up;
+    returns the events committed."""
+    events = 0
+    while True:
+        result = drain(stream, client, store, lake_root)
+        events += result.events
+        if result.stop_reason == "caught_up":
+            return events
+
+
 def _snapshot_phase(
     stream: StreamConfig,
     client: MongoClient,

@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -652,18 +652,7 @@ class StateStore:
             old = self._checkpoint(conn, snapshot.stream)
             conn.execute(
                 insert(schema.snapshots).values(
-                    id=snapshot.id,
-                    stream=snapshot.stream,
-                    reason=snapshot.reason,
-                    cluster_time=snapshot.cluster_time,
-                    namespaces=json.dumps(snapshot.namespaces),
-                    namespace_index=0,
-                    last_key=None,
-                    chunks=0,
-                    documents=0,
-                    bytes=0,
-                    status="running",
-                    started_at=now,
+                    **{**asdict(snapshot), "namespaces": json.dumps(snapshot.namespaces)}
                 )
             )
             assert old is not None

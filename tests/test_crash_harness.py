@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.drain import drain
+from jobs.drain import drain, drain_until_caught_up
 from jobs.tables import read_changes, read_current
 from jobs.transform import transform
 from tests.helpers.lake_reading import direct_events
@@ -66,8 +66,7 @@ def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
         for step, window in STEPS:
             kills += _run_and_kill(step, window, rng, mongod, state_url_sqlite, lake, stream)
 
-    while drain(stream, raw_client, sqlite_store, lake).stop_reason != "caught_up":
-        pass
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")

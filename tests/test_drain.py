@@ -11,7 +11,7 @@ import bson
 import pyarrow.compute as pc
 from bson import json_util
 
-from jobs.drain import drain
+from jobs.drain import drain, drain_until_caught_up
 from jobs.raw_events import document_json, event_id
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json
@@ -201,8 +201,7 @@ def test_run_stops_at_its_horizon(client, raw_client, sqlite_store, lake, make_s
     assert result.last_cluster_time <= result.horizon
     assert result.events >= 50
     # Nothing is lost: the next runs pick up everything written after the horizon.
-    while drain(stream, raw_client, sqlite_store, lake).stop_reason != "caught_up":
-        pass
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     total = committed_table(sqlite_store, lake, stream.name).num_rows
     assert total == 50 + len(late)
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from jobs.drain import drain
+from jobs.drain import drain, drain_until_caught_up
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from state.store import StateStore
@@ -96,8 +96,7 @@ def test_mongod_killed_mid_drain_then_the_next_run_completes(tmp_path, sqlite_st
         # Restart on the same data directory and port: the next run completes.
         server = start_mongod(dbpath, port=server.port)
         raw = connect(server.uri, raw=True)
-        while drain(stream, raw, sqlite_store, lake).stop_reason != "caught_up":
-            pass
+        drain_until_caught_up(stream, raw, sqlite_store, lake)
         table = committed_table(sqlite_store, lake, stream.name)
         ids = table.column("event_id").to_pylist()
         assert len(ids) == len(set(ids)) == 60_000  # each event exactly once

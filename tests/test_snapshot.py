@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.drain import drain
+from jobs.drain import drain, drain_until_caught_up
 from jobs.tables import read_current
 from jobs.transform import transform
 from resources.embedded_mongo import start_mongod, stop_mongod
@@ -23,11 +23,6 @@ from tests.test_failures import roll_oplog_past
 from tidemark.errors import HistoryLost
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _until_caught_up(stream, raw, store, lake) -> None:
-    while drain(stream, raw, store, lake).stop_reason not in ("caught_up",):
-        pass
 
 
 def _seed(client, db, n, seed=5):
@@ -58,7 +53,7 @@ def test_snapshot_with_concurrent_writes_then_drain_equals_the_source(
         thread.join()
     assert first.snapshot is not None and first.snapshot.status == "done"
     assert first.snapshot.chunks >= 8 and first.snapshot.documents >= 3050
-    _until_caught_up(stream, raw_client, sqlite_store, lake)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
@@ -113,7 +108,7 @@ def test_a_killed_snapshot_resumes_from_its_last_committed_chunk(
     assert finished.id == killed.id and finished.status == "done"
     assert finished.chunks > 3  # continued, not restarted
     assert result.snapshot.id == killed.id
-    _until_caught_up(stream, raw_client, sqlite_store, lake)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
@@ -136,7 +131,7 @@ def test_lost_history_fails_or_resnapshots_to_an_exact_state(
             on_history_lost=policy,
             snapshot_chunk_size=64,
         )
-        _until_caught_up(stream, raw, sqlite_store, lake)
+        drain_until_caught_up(stream, raw, sqlite_store, lake)
         transform(spark, sqlite_store, lake, stream)
         kept = sqlite_store.checkpoint(stream.name)
         # While the stream is away: deletes and updates, then the oplog rolls past its token.
@@ -154,7 +149,7 @@ def test_lost_history_fails_or_resnapshots_to_an_exact_state(
             return
         result = drain(stream, raw, sqlite_store, lake)
         assert result.snapshot is not None and result.snapshot.reason == "history lost"
-        _until_caught_up(stream, raw, sqlite_store, lake)
+        drain_until_caught_up(stream, raw, sqlite_store, lake)
         transform(spark, sqlite_store, lake, stream)
         got = current_state(read_current(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw, "shop", "orders")

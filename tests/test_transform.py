@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from jobs.drain import drain
+from jobs.drain import drain, drain_until_caught_up
 from jobs.tables import read_changes, read_current
 from jobs.transform import transform
 from state.store import BatchRecord, FileEntry, TransformState, new_batch_id
@@ -21,15 +21,6 @@ from tests.helpers.oracle import (
     source_state,
 )
 from tidemark.errors import StreamInvalidated
-
-
-def _drain_until_caught_up(stream, raw_client, store, lake) -> int:
-    events = 0
-    while True:
-        result = drain(stream, raw_client, store, lake)
-        events += result.events
-        if result.stop_reason == "caught_up":
-            return events
 
 
 @pytest.mark.slow
@@ -47,7 +38,7 @@ def test_oracle_current_equals_source_after_every_increment(
         if increment == 3:
             operations += drop_and_recreate(client, db_name, "orders", rng)
             operations += burst(client, db_name, "orders", rng, 300)
-        drained += _drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        drained += drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         result = transform(spark, sqlite_store, lake, stream)
         assert result.version is not None
 
@@ -217,7 +208,7 @@ def test_rename_drop_and_drop_database_act_on_whole_namespaces(
     assert got == expected and len(got) == 6
 
     client.drop_database(db_name)
-    _drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     assert read_current(spark, sqlite_store, lake, stream.name).count() == 0
 
