@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,9 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
+from jobs.bson_batch import INT32, RawDocuments, array_documents, elements
 from resources.mongo import RAW_CODEC
+from tidemark.tokens import covered_until
 
 CURSOR_NOT_FOUND = 43
 # Servers before 4.4 (wire version < 9) do not label resumable errors; the spec lists these.
@@ -73,8 +76,41 @@ def is_resumable(error: Exception, wire_version: int) -> bool:
 class Batch:
     """Events of one server reply and the token to resume after all of them."""
 
-    events: list[RawBSONDocument]
+    events: RawDocuments  # one reply's buffer: events are decoded only where looked at
     token_after: Any  # postBatchResumeToken if sent, else the last event's _id
+    # Nothing more to read for this caller: the server waited maxAwaitTimeMS and found
+    # nothing, or every event up to the caller's end has been returned (the
+    # postBatchResumeToken covers it: `covered_until`).
+    caught_up: bool = False
+
+
+@dataclass
+class CursorReply:
+    id: int
+    ns: str
+    events: RawDocuments
+    post_batch_token: RawBSONDocument | None
+
+
+_INT32 = struct.Struct("<i").unpack_from
+_INT64 = struct.Struct("<q").unpack_from
+
+
+def read_cursor(reply: bytes) -> CursorReply:
+    """The `cursor` of an aggregate or getMore reply, read from its bytes: the batch's events
+    are located, not decoded (pymongo would build an object per event here)."""
+    cursor = next(value for key, _, value, _ in elements(reply) if key == "cursor")
+    found = CursorReply(0, "", RawDocuments.of([]), None)
+    for key, bson_type, value, size in elements(reply, cursor):
+        if key == "id":
+            found.id = (_INT32 if bson_type == INT32 else _INT64)(reply, value)[0]
+        elif key == "ns":
+            found.ns = reply[value + 4 : value + size - 1].decode()
+        elif key in ("firstBatch", "nextBatch"):
+            found.events = array_documents(reply, value)
+        elif key == "postBatchResumeToken":
+            found.post_batch_token = RawBSONDocument(reply[value : value + size], RAW_CODEC)
+    return found
 
 
 class _End:
@@ -94,6 +130,7 @@ class ChangeStreamReader:
         batch_size: int,
         max_await_time_ms: int,
         prefetch: int = 2,
+        is_past_end: Callable[[Timestamp], bool] | None = None,
     ) -> None:
         self.client = client
         self.database = database or "admin"
@@ -104,6 +141,7 @@ class ChangeStreamReader:
         self.pipeline = pipeline
         self.batch_size = batch_size
         self.max_await_time_ms = max_await_time_ms
+        self.is_past_end = is_past_end
         self.cursor_id = 0
         self.resumes = 0
         self.initial_token: Any = None
@@ -136,8 +174,9 @@ class ChangeStreamReader:
         self.close()
 
     def batches(self) -> Iterator[Batch]:
-        """Batches as the server sends them; an empty one means caught up (nothing within
-        maxAwaitTimeMS). Ends after the server closes the cursor (an invalidate)."""
+        """Batches as the server sends them; after a caught-up one (see `Batch`; only those
+        can be empty) the next getMore is sent only if the caller asks for more. Ends after
+        the server closes the cursor (an invalidate)."""
         while True:
             item = self._queue.get()
             if isinstance(item, BaseException):
@@ -145,7 +184,7 @@ class ChangeStreamReader:
             if item is _End:
                 return
             yield item
-            if not item.events:
+            if item.caught_up:
                 self._more.set()  # the caller went on after "caught up": fetch again
 
     def close(self) -> None:
@@ -166,7 +205,7 @@ class ChangeStreamReader:
     def _command(self, command: dict[str, Any]) -> RawBSONDocument:
         return self._db.command(command, session=self._session, codec_options=RAW_CODEC)
 
-    def _aggregate(self) -> list[RawBSONDocument]:
+    def _aggregate(self) -> CursorReply:
         stage = {"$changeStream": self._resume_options()}
         command = {
             "aggregate": self.collection if self.collection else 1,
@@ -175,14 +214,13 @@ class ChangeStreamReader:
         }
         reply = self._command(command)
         self._wire_version = self._max_wire_version()
-        cursor = reply["cursor"]
-        self.cursor_id = int(cursor["id"])
-        self._namespace_coll = cursor["ns"].split(".", 1)[1]
+        cursor = read_cursor(reply.raw)
+        self.cursor_id = cursor.id
+        self._namespace_coll = cursor.ns.split(".", 1)[1]
         if self._operation_time is None and "operationTime" in reply:
             self._operation_time = reply["operationTime"]
-        events = list(cursor["firstBatch"])
-        self._remember(events, cursor.get("postBatchResumeToken"))
-        return events
+        self._remember(cursor.events, cursor.post_batch_token)
+        return cursor
 
     def _resume_options(self) -> dict[str, Any]:
         options = {
@@ -205,18 +243,18 @@ class ChangeStreamReader:
         except PyMongoError:
             return 0
 
-    def _remember(self, events: list[RawBSONDocument], post_batch_token: Any) -> Any:
+    def _remember(self, events: RawDocuments, post_batch_token: Any) -> Any:
         token = (
             post_batch_token
             if post_batch_token is not None
-            else (events[-1]["_id"] if events else self._cached_token)
+            else (events[len(events) - 1]["_id"] if len(events) else self._cached_token)
         )
         self._cached_token = token
-        if events:
+        if len(events):
             self._returned_any = True
         return token
 
-    def _get_more(self) -> tuple[list[RawBSONDocument], Any]:
+    def _get_more(self) -> CursorReply:
         reply = self._command(
             {
                 "getMore": Int64(self.cursor_id),
@@ -225,10 +263,9 @@ class ChangeStreamReader:
                 "maxTimeMS": self.max_await_time_ms,
             }
         )
-        cursor = reply["cursor"]
-        self.cursor_id = int(cursor["id"])
-        events = list(cursor["nextBatch"])
-        return events, cursor.get("postBatchResumeToken")
+        cursor = read_cursor(reply.raw)
+        self.cursor_id = cursor.id
+        return cursor
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -239,41 +276,56 @@ class ChangeStreamReader:
                 continue
         return False
 
-    def _fetch_loop(self, first: list[RawBSONDocument]) -> None:
+    def _fetch_loop(self, first: CursorReply) -> None:
         try:
-            if first and not self._put(Batch(first, self._cached_token)):
+            if not self._deliver(first, waited=False):
                 return
             while not self._stop.is_set():
                 if self.cursor_id == 0:
                     self._put(_End)
                     return
                 try:
-                    events, post_batch_token = self._get_more()
+                    cursor = self._get_more()
                 except PyMongoError as error:
                     if not is_resumable(error, self._wire_version):
                         raise
-                    self._resume()
+                    if not self._resume():
+                        return
                     continue
-                token = self._remember(events, post_batch_token)
-                if not self._put(Batch(events, token)):
+                self._remember(cursor.events, cursor.post_batch_token)
+                if not self._deliver(cursor, waited=True):
                     return
-                if not events:
-                    # Caught up: most callers stop here, so do not start a getMore that
-                    # would wait maxAwaitTimeMS for nothing before close() can finish.
-                    while not self._more.wait(0.05):
-                        if self._stop.is_set():
-                            return
-                    self._more.clear()
         except BaseException as error:  # handed to the caller, raised from batches()
             self._put(error)
 
-    def _resume(self) -> None:
+    def _deliver(self, cursor: CursorReply, waited: bool) -> bool:
+        """Hand a batch over (False once closed). After a caught-up batch, wait until the
+        caller asks for more: most stop there, and a getMore already sent would wait
+        maxAwaitTimeMS for nothing before close() could finish."""
+        token = cursor.post_batch_token
+        past_end = (
+            token is not None
+            and self.is_past_end is not None
+            and (until := covered_until(token)) is not None
+            and self.is_past_end(until)
+        )
+        caught_up = past_end or (waited and not len(cursor.events))
+        if not len(cursor.events) and not caught_up:
+            return True  # an aggregate's empty first batch says nothing
+        if not self._put(Batch(cursor.events, self._cached_token, caught_up)):
+            return False
+        if caught_up:
+            while not self._more.wait(0.05):
+                if self._stop.is_set():
+                    return False
+            self._more.clear()
+        return True
+
+    def _resume(self) -> bool:
         """One attempt: kill the old cursor quietly, aggregate from the resume point."""
         self.resumes += 1
         self._kill_cursor()
-        events = self._aggregate()
-        if events:
-            self._put(Batch(events, self._cached_token))
+        return self._deliver(self._aggregate(), waited=False)
 
     def _kill_cursor(self) -> None:
         if not self.cursor_id:

@@ -17,11 +17,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
+from jobs.bson_batch import RawDocuments
 from jobs.change_stream_reader import ChangeStreamReader
 from jobs.lake import ensure_writable
 from jobs.raw_writer import FLUSH_ROWS, RawBatchWriter
@@ -143,7 +145,10 @@ def position_time(checkpoint: Checkpoint, options: dict[str, Any]) -> Timestamp 
 
 
 def open_reader(
-    client: MongoClient, stream: StreamConfig, start: dict[str, Any]
+    client: MongoClient,
+    stream: StreamConfig,
+    start: dict[str, Any],
+    is_past_end: Callable[[Timestamp], bool],
 ) -> ChangeStreamReader:
     options: dict[str, Any] = dict(start)
     if stream.full_document != "default":
@@ -160,6 +165,7 @@ def open_reader(
         stream.mongo_pipeline(),
         batch_size=stream.batch_size,
         max_await_time_ms=stream.max_await_time_ms,
+        is_past_end=is_past_end,
     )
 
 
@@ -184,7 +190,7 @@ def _cluster_time(event: RawBSONDocument) -> Timestamp:
 
 
 def _first_past_end(
-    events: list[RawBSONDocument], end: int, is_past_end: Callable[[Timestamp], bool]
+    events: RawDocuments, end: int, is_past_end: Callable[[Timestamp], bool]
 ) -> int:
     """Index of the first event past the end (cluster times never go back in a stream)."""
     low, high = 0, end
@@ -216,7 +222,7 @@ def capture(
     for batch in reader.batches():
         events = batch.events
         if not events:
-            # The server found nothing within maxAwaitTimeMS: the batch's token is the
+            # Caught up (only such batches are empty): the batch's token is the
             # postBatchResumeToken, which moves quiet streams forward too.
             got.token = batch.token_after
             got.stop = "caught_up"
@@ -234,22 +240,19 @@ def capture(
             if left < take:
                 take, stop = max(left, 0), "budget_events"
         if budget.max_bytes:
-            size = got.bytes
-            for index in range(take):
-                size += len(events[index].raw)
-                if size >= budget.max_bytes:  # the event that crosses the limit is the last
-                    take, stop = index + 1, "budget_bytes"
-                    break
+            sizes = got.bytes + np.cumsum(events.sizes[:take])
+            crossing = int(np.searchsorted(sizes, budget.max_bytes))  # first at or above
+            if crossing < take:  # the event that crosses the limit is the last
+                take, stop = crossing + 1, "budget_bytes"
         if take and is_past_end(_cluster_time(events[take - 1])):
             take, stop = _first_past_end(events, take, is_past_end), "horizon"
         if take and events[take - 1]["operationType"] == "invalidate":
             got.invalidated, stop = True, "invalidate"
         if take:
             consumed = events[:take]
-            raws = [event.raw for event in consumed]
-            writer.add_many(raws)
+            writer.add(consumed)
             got.events += take
-            got.bytes += sum(map(len, raws))
+            got.bytes += consumed.nbytes
             if got.first_id is None:
                 got.first_id = consumed[0]["_id"]["_data"]
                 got.first_ts = _cluster_time(consumed[0])
@@ -259,6 +262,9 @@ def capture(
             got.token = batch.token_after if whole else last["_id"]
         if stop:
             got.stop = stop
+            return got
+        if batch.caught_up:  # consumed whole: its token is the postBatchResumeToken
+            got.stop = "caught_up"
             return got
     got.stop = "closed"
     return got
@@ -421,15 +427,19 @@ def _incremental(
         )
     options = start_options(checkpoint, stream)
     horizon = cluster_time(client)
+
+    def past_horizon(ts: Timestamp) -> bool:
+        return ts > horizon
+
     batch_id = new_batch_id()
     writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
     try:
-        with open_reader(client, stream, options) as reader:
+        with open_reader(client, stream, options, past_horizon) as reader:
             got = capture(
                 reader,
                 writer,
                 stream.budget,
-                lambda ts: ts > horizon,
+                past_horizon,
                 lambda: store.renew_lease(lease, LEASE_TTL),
             )
     except OperationFailure as exc:

@@ -17,11 +17,13 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bson.raw_bson import RawBSONDocument
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from jobs.bson_batch import RawDocuments, int64_values, mask
 from jobs.lake import raw_partition, relative, write_parquet_atomic
-from jobs.raw_events import EventColumns
-from resources.mongo import RAW_CODEC
+from jobs.raw_events import events_table
 from state.store import FileEntry
 
 # A chunk bounds memory (raw bytes here, their Arrow form in the converter) and sizes files.
@@ -30,31 +32,27 @@ FLUSH_BYTES = 16 << 20
 CONVERTERS = 1  # processes; with one core for mongod and one for Tidemark, one is enough
 
 ChunkResult = tuple[list[tuple[str, int, int]], dict[str, int]]
+# A chunk travels as its parts' buffers and positions: pickled as a few large objects.
+ChunkParts = list[tuple[bytes, np.ndarray, np.ndarray]]
 
 
 def convert_chunk(
-    raws: list[bytes], lake_root: str, stream: str, batch_id: str, chunk: int
+    parts: ChunkParts, lake_root: str, stream: str, batch_id: str, chunk: int
 ) -> ChunkResult:
     """One chunk of events -> one Parquet file per hour of cluster time. Runs anywhere."""
     root = Path(lake_root)
-    buffers: dict[int, EventColumns] = {}
-    for raw in raws:
-        event = RawBSONDocument(raw, RAW_CODEC)
-        hour = event["clusterTime"].time // 3600
-        buffer = buffers.get(hour)
-        if buffer is None:
-            buffer = buffers[hour] = EventColumns()
-        buffer.add(event)
+    table = pa.concat_tables(events_table(RawDocuments(*part)) for part in parts)
+    hours = int64_values(table["cluster_time"]) // 3_600_000_000
     files = []
-    counts: Counter[str] = Counter()
-    for part, (hour, buffer) in enumerate(sorted(buffers.items())):
+    for part, hour in enumerate(np.unique(hours).tolist()):
+        rows = table if hours[0] == hours[-1] else table.filter(mask(hours == hour))
         moment = datetime.fromtimestamp(hour * 3600, UTC)
         # Digits only after the batch id: the transform reads the batch id back from the name.
         path = raw_partition(root, stream, moment) / f"{batch_id}-{chunk:05d}{part:05d}.parquet"
-        size = write_parquet_atomic(buffer.to_table(), path)
-        files.append((relative(root, path), len(buffer), size))
-        counts.update(buffer.columns["operation_type"])
-    return files, dict(counts)
+        size = write_parquet_atomic(rows, path)
+        files.append((relative(root, path), rows.num_rows, size))
+    counts = pc.value_counts(table["operation_type"]).to_pylist()
+    return files, {count["values"]: count["counts"] for count in counts}
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -73,7 +71,7 @@ def warm_up() -> None:
     """Run in a new converter: load what conversion needs before the first chunk arrives."""
     import pyarrow.parquet  # noqa: F401
 
-    EventColumns().to_table()
+    events_table(RawDocuments.of([]))
 
 
 class RawBatchWriter:
@@ -96,35 +94,35 @@ class RawBatchWriter:
         self.converters = converters
         self.files: list[FileEntry] = []
         self.counts: Counter[str] = Counter()
-        self._pending: list[bytes] = []
+        self._pending: list[RawDocuments] = []
+        self._pending_rows = 0
         self._pending_bytes = 0
         self._chunks = 0
         self._pool: ProcessPoolExecutor | None = None
         self._running: deque[Future[ChunkResult]] = deque()
 
-    def add_many(self, raws: list[bytes]) -> None:
-        self._pending.extend(raws)
-        self._pending_bytes += sum(map(len, raws))
-        if self._pool is None and self.converters and len(self._pending) >= self.flush_rows // 4:
+    def add(self, events: RawDocuments) -> None:
+        if self._pool is None and self.converters and self._pending_rows >= self.flush_rows // 4:
             self._start_pool()  # a run this size will need it: start it while the chunk fills
-        while len(self._pending) >= self.flush_rows or self._pending_bytes >= self.flush_bytes:
-            cut = min(len(self._pending), self.flush_rows)
-            if self._pending_bytes >= self.flush_bytes:
-                size, cut = 0, 0
-                while cut < len(self._pending) and size < self.flush_bytes:
-                    size += len(self._pending[cut])
-                    cut += 1
-            chunk, self._pending = self._pending[:cut], self._pending[cut:]
-            self._pending_bytes -= sum(map(len, chunk))
-            self._submit(chunk, in_process=self.converters == 0)
+        while len(events):
+            # Take what fits in the chunk: up to flush_rows, and up to the event that
+            # reaches flush_bytes.
+            take = min(len(events), self.flush_rows - self._pending_rows)
+            sizes = self._pending_bytes + np.cumsum(events.sizes[:take])
+            take = min(take, int(np.searchsorted(sizes, self.flush_bytes)) + 1)
+            part, events = events[:take], events[take:]
+            self._pending.append(part)
+            self._pending_rows += take
+            self._pending_bytes += part.nbytes
+            if self._pending_rows >= self.flush_rows or self._pending_bytes >= self.flush_bytes:
+                self._submit(in_process=self.converters == 0)
 
     def close(self) -> None:
         """Write what is left and wait for every chunk; then `files` and `counts` are final."""
         try:
             if self._pending:
                 # A run that fits in one chunk converts here if no converter was started.
-                self._submit(self._pending, in_process=self._pool is None)
-                self._pending, self._pending_bytes = [], 0
+                self._submit(in_process=self._pool is None)
             while self._running:
                 self._collect(self._running.popleft().result())
         finally:
@@ -132,8 +130,10 @@ class RawBatchWriter:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
 
-    def _submit(self, chunk: list[bytes], in_process: bool) -> None:
-        args = (chunk, str(self.lake_root), self.stream, self.batch_id, self._chunks)
+    def _submit(self, in_process: bool) -> None:
+        parts = [(p.buffer, p.starts, p.sizes) for p in self._pending]
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+        args = (parts, str(self.lake_root), self.stream, self.batch_id, self._chunks)
         self._chunks += 1
         if in_process:
             self._collect(convert_chunk(*args))

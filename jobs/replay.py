@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
@@ -69,18 +70,22 @@ def replay(
     lease = store.acquire_lease(f"replay:{stream.name}", LEASE_TTL)
     try:
         start_ts, end_ts = datetime_to_ts(start), datetime_to_ts(end)
+
+        def past_window(ts: Timestamp) -> bool:
+            return ts >= end_ts
+
         options = {"startAtOperationTime": start_ts}
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id)
         # A window is bounded by its end, not by the per-run budgets of the incremental drain.
         unbounded = Budget(max_events=None, max_bytes=None, max_seconds=None)
         try:
-            with open_reader(client, stream, options) as reader:
+            with open_reader(client, stream, options, past_window) as reader:
                 got = capture(
                     reader,
                     writer,
                     unbounded,
-                    lambda ts: ts >= end_ts,
+                    past_window,
                     lambda: store.renew_lease(lease, LEASE_TTL),
                 )
         except OperationFailure as exc:

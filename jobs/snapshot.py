@@ -27,6 +27,7 @@ from bson import Timestamp, json_util
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
+from jobs.bson_batch import RawDocuments
 from jobs.raw_writer import RawBatchWriter
 from resources.mongo import RAW_CODEC, cluster_time
 from state.store import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
@@ -178,7 +179,7 @@ def copy_chunks(
         if raws:
             batch_id = new_batch_id()
             writer = RawBatchWriter(lake_root, stream.name, batch_id, converters=0)
-            writer.add_many(raws)
+            writer.add(RawDocuments.of(raws))
             writer.close()
             batch = BatchRecord(
                 id=batch_id,

@@ -63,6 +63,25 @@ def token_cluster_time(token: Mapping[str, Any] | str | None) -> Timestamp | Non
         return None
 
 
+def covered_until(token: Mapping[str, Any] | str | None) -> Timestamp | None:
+    """A cluster time such that every event before it has been returned once the stream
+    has returned `token` (None if not decodable).
+
+    For an event's token that is its own cluster time (more events may share it: a
+    transaction's). A high-water-mark token (a postBatchResumeToken sent when the server
+    reached the end of the oplog) holds the last oplog time it read, so events at that time
+    are covered too. Its KeyString has the token type 0 (byte 0x29) right after the
+    version (0x2B and one byte); events have type 128 (0x2C 0x01 0x00).
+    """
+    data = token if isinstance(token, str) else token_data(token)
+    at = token_cluster_time(data)
+    if at is None or data is None:
+        return None
+    if data[18:20] == "2B" and data[22:24] == "29":
+        return Timestamp(at.time + 1, 0) if at.inc == 0xFFFFFFFF else Timestamp(at.time, at.inc + 1)
+    return at
+
+
 def token_to_json(token: Mapping[str, Any] | RawBSONDocument) -> str:
     """Canonical Extended JSON: lossless, and readable in the state store."""
     return json_util.dumps(token, json_options=CANONICAL)

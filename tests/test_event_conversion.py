@@ -1,0 +1,130 @@
+"""Change events to the raw zone's table: the array reader (whole replies at once) gives the
+same table as the per-event reader (pymongo's decoder) for every kind of event a server
+sends, and events it does not read are converted one by one, never lost or altered."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Callable
+
+import pyarrow as pa
+import pytest
+from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+
+from jobs.bson_batch import RawDocuments
+from jobs.change_stream_reader import ChangeStreamReader
+from jobs.raw_events import array_events_table, events_table, per_event_table
+from resources.mongo import cluster_time
+
+ODD_IDS = [
+    1,
+    -7,
+    Int64(2**40),
+    Int64(5),
+    ObjectId(),
+    'a "quoted" \\ string, ü, \n',
+    1.5,
+    -0.0,
+    {"a": 1, "b": [1, "x"]},
+    Binary(uuid.uuid4().bytes, 4),
+    datetime.datetime(2020, 1, 2, 3, 4, 5, 678000),
+    None,
+    Decimal128("1.10"),
+    MinKey(),
+    MaxKey(),
+    Timestamp(5, 6),
+]
+
+
+def _write_every_kind(client: MongoClient, db: str) -> None:
+    database = client[db]
+    database.create_collection("kinds", changeStreamPreAndPostImages={"enabled": True})
+    kinds = database["kinds"]
+    kinds.insert_many([{"_id": value, "n": n} for n, value in enumerate(ODD_IDS)])
+    kinds.create_index("n")
+    kinds.update_one({"_id": 1}, {"$set": {"deep.er": [1, 2]}, "$unset": {"n": ""}})
+    kinds.update_one({"_id": -7}, {"$push": {"list": {"$each": [1, 2, 3]}}})
+    kinds.replace_one({"_id": Int64(5)}, {"replaced": True})
+    kinds.delete_one({"_id": 1.5})
+    with client.start_session() as session, session.start_transaction():
+        kinds.insert_one({"_id": "in a transaction"}, session=session)
+        kinds.update_one({"_id": -7}, {"$inc": {"t": 1}}, session=session)
+    kinds.rename("kinds_renamed")
+    database["kinds_renamed"].drop()
+    database["other"].insert_one({"_id": 1})
+    client.drop_database(db)
+
+
+def _read(
+    client: MongoClient, db: str, start: Timestamp, pipeline: list | None = None
+) -> list[RawDocuments]:
+    options = {
+        "startAtOperationTime": start,
+        "showExpandedEvents": True,
+        "fullDocument": "updateLookup",
+        "fullDocumentBeforeChange": "whenAvailable",
+    }
+    # A small batch size: several replies, each converted on its own.
+    with ChangeStreamReader(client, db, None, options, pipeline or [], 7, 300) as reader:
+        return [batch.events for batch in reader.batches() if len(batch.events)]
+
+
+@pytest.fixture
+def every_kind(raw_client: MongoClient, client: MongoClient, db_name: str) -> Callable:
+    start = cluster_time(client)
+    _write_every_kind(client, db_name)
+    return lambda pipeline=None: _read(raw_client, db_name, start, pipeline)
+
+
+def test_array_reader_equals_the_per_event_reader_for_every_kind_of_event(every_kind) -> None:
+    batches = every_kind()
+    kinds = set()
+    for docs in batches:
+        table = array_events_table(docs)
+        assert table is not None, "the array reader gave up on ordinary events"
+        expected = per_event_table(docs)
+        for name in expected.schema.names:  # column by column, for a readable failure
+            assert table[name].equals(expected[name]), name
+        assert table.equals(expected)
+        kinds.update(table["operation_type"].to_pylist())
+    assert {
+        "create",
+        "createIndexes",
+        "insert",
+        "update",
+        "replace",
+        "delete",
+        "rename",
+        "drop",
+        "dropDatabase",
+        "invalidate",
+    } <= kinds
+    events = [RawBSONDocument(raw) for docs in batches for raw in docs.raws()]
+    assert sum(1 for e in events if e["operationType"] == "insert") == len(ODD_IDS) + 2
+    assert any("lsid" in e and "txnNumber" in e for e in events)  # the transaction
+    assert any("collectionUUID" in e for e in events)  # expanded events
+
+
+def test_document_keys_are_libbson_canonical_extended_json(every_kind) -> None:
+    """The keys the array reader writes itself (int32, int64, ObjectId) match bsonjs."""
+    table = pa.concat_tables([events_table(docs) for docs in every_kind()])
+    keys = [k for k in table["document_key"].to_pylist() if k]
+    assert '{ "_id" : { "$numberInt" : "-7" } }' in keys
+    assert f'{{ "_id" : {{ "$numberLong" : "{2**40}" }} }}' in keys
+    assert f'{{ "_id" : {{ "$oid" : "{ODD_IDS[4]}" }} }}' in keys
+
+
+def test_events_the_array_reader_does_not_read_are_converted_one_by_one(every_kind) -> None:
+    """A top-level regex (a pipeline can add one) is not walked: the per-event reader
+    converts those batches, with the same result."""
+    batches = every_kind([{"$addFields": {"pattern": {"$literal": Regex("^a", "i")}}}])
+    assert batches
+    for docs in batches:
+        assert array_events_table(docs) is None
+        table = events_table(docs)
+        assert table.num_rows == len(docs)
+        assert table.equals(per_event_table(docs))
+        assert table["raw"].to_pylist() == docs.raws()
