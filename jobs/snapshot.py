@@ -178,7 +178,7 @@ def copy_chunks(
         batch = None
         if raws:
             batch_id = new_batch_id()
-            writer = RawBatchWriter(lake_root, stream.name, batch_id, converters=0)
+            writer = RawBatchWriter(lake_root, stream.name, batch_id)
             writer.add(RawDocuments.of(raws))
             writer.close()
             batch = BatchRecord(
