@@ -222,7 +222,12 @@ def memory_table(client: MongoClient, uri: str, args: argparse.Namespace) -> str
 
 
 def fixed_cost_table(uri: str, token: str, end: Any) -> str:
-    """A drain that finds nothing: from start to the committed postBatchResumeToken."""
+    """A drain that finds nothing: from start to the committed postBatchResumeToken.
+
+    Two cases: nothing was written anywhere since the last run (the aggregate's own
+    postBatchResumeToken covers the horizon), and a quiet collection in a database that is
+    written to (the server reads past the other writes, finds nothing for this stream and
+    waits maxAwaitTimeMS before it answers)."""
     from datetime import timedelta
 
     from jobs.drain import drain
@@ -230,7 +235,7 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
     from state.store import NewPosition, StateStore
     from tidemark.config import StreamConfig
 
-    timings = []
+    cases = {"nothing written since the last run": [], "other collections written to": []}
     with tempfile.TemporaryDirectory() as work:
         store = StateStore(f"sqlite:///{Path(work) / 'state.db'}")
         raw = connect(uri, raw=True)
@@ -241,22 +246,28 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
         lease = store.acquire_lease("quiet", timedelta(minutes=1))
         store.commit_batch(lease, checkpoint.version, None, NewPosition(token=token))
         store.release_lease(lease)
-        for _ in range(5):
-            started = time.perf_counter()
-            result = drain(stream, raw, store, Path(work) / "lake")
-            timings.append(time.perf_counter() - started)
-            assert result.events == 0 and result.stop_reason == "caught_up"
+        drain(stream, raw, store, Path(work) / "lake")  # catch up with the workload, untimed
+        for case, timings in cases.items():
+            for _ in range(5):
+                if case.startswith("other"):
+                    raw["bench"]["busy"].insert_one({"at": time.time()})
+                started = time.perf_counter()
+                result = drain(stream, raw, store, Path(work) / "lake")
+                timings.append(time.perf_counter() - started)
+                assert result.events == 0 and result.stop_reason == "caught_up"
         raw.close()
         store.close()
-    return "\n".join(
-        [
-            "### Fixed cost: a drain that finds nothing (max_await_time_ms = 1000)\n",
-            "| runs | median seconds | min | max |",
-            "|---:|---:|---:|---:|",
-            f"| {len(timings)} | {statistics.median(timings):.3f} | {min(timings):.3f} | "
-            f"{max(timings):.3f} |",
-        ]
-    )
+    lines = [
+        "### Fixed cost: a drain that finds nothing (max_await_time_ms = 1000)\n",
+        "| case | runs | median seconds | min | max |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for case, timings in cases.items():
+        lines.append(
+            f"| {case} | {len(timings)} | {statistics.median(timings):.3f} | "
+            f"{min(timings):.3f} | {max(timings):.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,6 +42,7 @@ def test_drain_benchmark_smoke():
     assert out.count("| 2,300 |") == 6  # every consumer read the whole range
     assert "| 1,000 |" in out and "| 2,000 |" in out  # the memory table
     assert "a drain that finds nothing" in out
+    assert "nothing written since the last run" in out and "other collections written to" in out
 
 
 @pytest.mark.slow
