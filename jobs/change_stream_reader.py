@@ -35,9 +35,11 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from jobs.bson_batch import INT32, RawDocuments, array_documents, elements
 from resources.mongo import RAW_CODEC
-from tidemark.tokens import covered_until
+from tidemark.tokens import covered_until, next_tick, token_cluster_time
 
 CURSOR_NOT_FOUND = 43
+# How long a getMore waits when all it can still find is events at the end's very time.
+CONFIRM_AWAIT_MS = 50
 # Servers before 4.4 (wire version < 9) do not label resumable errors; the spec lists these.
 LEGACY_RESUMABLE_CODES = {
     6,
@@ -149,6 +151,7 @@ class ChangeStreamReader:
         self._cached_token: Any = self.options.get("resumeAfter") or self.options.get("startAfter")
         self._operation_time: Timestamp | None = self.options.get("startAtOperationTime")
         self._returned_any = False
+        self._at_end = False  # the last token reached the caller's end, but not past it
         self._wire_version = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
@@ -260,7 +263,11 @@ class ChangeStreamReader:
                 "getMore": Int64(self.cursor_id),
                 "collection": self._namespace_coll,
                 "batchSize": self.batch_size,
-                "maxTimeMS": self.max_await_time_ms,
+                "maxTimeMS": (
+                    min(self.max_await_time_ms, CONFIRM_AWAIT_MS)
+                    if self._at_end
+                    else self.max_await_time_ms
+                ),
             }
         )
         cursor = read_cursor(reply.raw)
@@ -303,11 +310,17 @@ class ChangeStreamReader:
         caller asks for more: most stop there, and a getMore already sent would wait
         maxAwaitTimeMS for nothing before close() could finish."""
         token = cursor.post_batch_token
-        past_end = (
-            token is not None
+        until = covered_until(token) if token is not None else None
+        at = token_cluster_time(token) if token is not None else None
+        past_end = until is not None and self.is_past_end is not None and self.is_past_end(until)
+        # An event's token at the end's very time: other events at that time (a
+        # transaction's) may follow, so one more getMore is due, but it need not wait
+        # maxAwaitTimeMS for events after the end.
+        self._at_end = (
+            not past_end
+            and at is not None
             and self.is_past_end is not None
-            and (until := covered_until(token)) is not None
-            and self.is_past_end(until)
+            and self.is_past_end(next_tick(at))
         )
         caught_up = past_end or (waited and not len(cursor.events))
         if not len(cursor.events) and not caught_up:

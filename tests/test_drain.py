@@ -9,10 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import bson
 import pyarrow.compute as pc
+import pytest
 from bson import json_util
+from pymongo import monitoring
 
+from jobs.change_stream_reader import CONFIRM_AWAIT_MS
 from jobs.drain import drain, drain_until_caught_up
 from jobs.raw_events import document_json, event_id
+from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json
 from tidemark.workload import run_workload
@@ -246,3 +250,69 @@ def test_event_id_is_read_from_the_leading_bytes_or_not_at_all():
     assert bson.decode(id_second)["_id"] == token and event_id(id_second) is None
     assert event_id(bson.encode({"_id": {"_typeBits": b"\x01", "_data": "82"}})) is None
     assert event_id(bson.encode({"_id": {"_data": 5}})) is None
+
+
+class _GetMores(monitoring.CommandListener):
+    """The getMore commands a client sends: (maxTimeMS, events in the reply)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []
+        self._waits: dict[int, int] = {}
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "getMore":
+            self._waits[event.request_id] = event.command["maxTimeMS"]
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.command_name == "getMore":
+            batch = list(event.reply["cursor"]["nextBatch"])
+            self.sent.append((self._waits.pop(event.request_id), len(batch)))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.fixture
+def listened(mongod):
+    listener = _GetMores()
+    client = connect(mongod.uri, raw=True, event_listeners=[listener])
+    yield client, listener
+    client.close()
+
+
+def test_a_drain_with_nothing_new_needs_no_get_more(listened, sqlite_store, lake, make_stream):
+    """The aggregate's own postBatchResumeToken covers the run's horizon: caught up at once,
+    without a getMore waiting maxAwaitTimeMS for nothing."""
+    client, listener = listened
+    stream = make_stream(max_await_time_ms=5000)
+    drain(stream, client, sqlite_store, lake)
+    before = sqlite_store.checkpoint(stream.name)
+    listener.sent.clear()
+    result = drain(stream, client, sqlite_store, lake)
+    assert (result.events, result.stop_reason, listener.sent) == (0, "caught_up", [])
+    after = sqlite_store.checkpoint(stream.name)
+    assert token_cluster_time(token_from_json(after.token)) >= token_cluster_time(
+        token_from_json(before.token)
+    )
+
+
+def test_events_sharing_the_horizon_time_are_all_read_without_waiting_for_later_ones(
+    listened, client, sqlite_store, lake, make_stream, db_name
+):
+    """A transaction's events share one cluster time, here the run's horizon, and come in
+    several batches. Tokens at that time do not cover it: the run reads on, each getMore
+    only confirming (no maxAwaitTimeMS wait), until a token covers the horizon."""
+    raw, listener = listened
+    stream = make_stream(batch_size=10, max_await_time_ms=5000)
+    drain(stream, raw, sqlite_store, lake)
+    with client.start_session() as session, session.start_transaction():
+        client[db_name]["orders"].insert_many([{"i": i} for i in range(25)], session=session)
+    listener.sent.clear()
+    result = drain(stream, raw, sqlite_store, lake)
+    assert (result.events, result.stop_reason) == (25, "caught_up")
+    # The getMores that found nothing only confirmed; those after the first batch at the
+    # horizon's time too.
+    empty = [wait for wait, events in listener.sent if events == 0]
+    assert empty and all(wait == CONFIRM_AWAIT_MS for wait in empty), listener.sent
+    table = committed_table(sqlite_store, lake, stream.name)
+    assert len(set(table["cluster_time"].to_pylist())) == 1  # one transaction, one time

@@ -78,8 +78,13 @@ def covered_until(token: Mapping[str, Any] | str | None) -> Timestamp | None:
     if at is None or data is None:
         return None
     if data[18:20] == "2B" and data[22:24] == "29":
-        return Timestamp(at.time + 1, 0) if at.inc == 0xFFFFFFFF else Timestamp(at.time, at.inc + 1)
+        return next_tick(at)
     return at
+
+
+def next_tick(ts: Timestamp) -> Timestamp:
+    """The cluster time right after `ts`."""
+    return Timestamp(ts.time + 1, 0) if ts.inc == 0xFFFFFFFF else Timestamp(ts.time, ts.inc + 1)
 
 
 def token_to_json(token: Mapping[str, Any] | RawBSONDocument) -> str:
