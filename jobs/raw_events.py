@@ -179,6 +179,8 @@ _ABSENT = (0, NULL)
 
 def array_events_table(docs: RawDocuments) -> pa.Table | None:
     """The table by array reads; None when an event holds what they do not read."""
+    if len(docs.buffer) >= 2**31 - 64:  # Arrow's view offsets are int32
+        return None
     b = docs.bson()
     top = b.locate(docs.starts, _ENVELOPE)
     if top is None:

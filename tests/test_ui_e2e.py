@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from resources.embedded_mongo import free_port
+from tidemark.dagster_env import DAGSTER_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = [
@@ -48,9 +49,11 @@ def graphql(port: int, query: str, variables: dict | None = None) -> dict:
 @pytest.fixture
 def dagster_dev(tmp_path, mongod, db_name):
     config = tmp_path / "streams.yaml"
+    # A yearly schedule: a tick of the default one (every 5 minutes) during the test would
+    # launch a run of its own next to the test's.
     config.write_text(
         f"streams:\n  - name: orders\n    database: {db_name}\n    collection: orders\n"
-        "    max_await_time_ms: 300\n"
+        "    max_await_time_ms: 300\n    schedule: '0 0 1 1 *'\n"
     )
     port = free_port()
     env = {
@@ -64,6 +67,7 @@ def dagster_dev(tmp_path, mongod, db_name):
         "DAGSTER_HOME": str(tmp_path / "dagster"),
     }
     (tmp_path / "dagster").mkdir()
+    (tmp_path / "dagster" / "dagster.yaml").write_text(DAGSTER_YAML)  # as `tidemark ui` does
     dagster = Path(sys.executable).parent / "dagster"
     log = open(tmp_path / "dagster-dev.log", "w")  # noqa: SIM115 - closed below
     # Its own session (like `set -m`): dagster dev and its children stop together.
