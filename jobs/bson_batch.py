@@ -276,12 +276,14 @@ def mask(values: np.ndarray) -> pa.Array:
 
 # -- one document at a time ---------------------------------------------------------------
 
-_INT32 = struct.Struct("<i").unpack_from
+# One value at an offset, for the walks of one document at a time: (value,) tuples.
+int32_at = struct.Struct("<i").unpack_from
+int64_at = struct.Struct("<q").unpack_from
 
 
 def elements(raw: bytes, start: int = 0) -> Iterator[tuple[str, int, int, int]]:
     """(key, type, value offset, value size) of each top-level element of one document."""
-    end = start + _INT32(raw, start)[0] - 1
+    end = start + int32_at(raw, start)[0] - 1
     pos = start + 4
     while pos < end:
         bson_type = raw[pos]
@@ -292,7 +294,7 @@ def elements(raw: bytes, start: int = 0) -> Iterator[tuple[str, int, int, int]]:
             base = int(_LENGTH_BASE[bson_type])
             if base < 0:
                 raise ValueError(f"BSON type {bson_type:#x} is not walked here")
-            size = _INT32(raw, value)[0] + base
+            size = int32_at(raw, value)[0] + base
         yield raw[pos + 1 : key_end].decode(), bson_type, value, size
         pos = value + size
 
@@ -353,7 +355,7 @@ def array_documents(raw: bytes, value: int) -> RawDocuments:
     An array's keys are "0", "1", ...: each element's layout is known but for the size of its
     document, so the walk reads one int32 per element (and checks the type and the key's
     end, so anything else is an error, not a misread)."""
-    end = value + _INT32(raw, value)[0] - 1
+    end = value + int32_at(raw, value)[0] - 1
     pos = value + 4
     starts: list[int] = []
     sizes: list[int] = []
@@ -362,7 +364,7 @@ def array_documents(raw: bytes, value: int) -> RawDocuments:
         start = pos + len(str(index)) + 2  # type byte, the index's digits, NUL
         if raw[pos] != DOCUMENT or raw[start - 1] != 0:
             raise ValueError(f"element {index} of the array at {value} is not a document")
-        size = _INT32(raw, start)[0]
+        size = int32_at(raw, start)[0]
         starts.append(start)
         sizes.append(size)
         pos = start + size

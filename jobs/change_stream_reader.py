@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
-from jobs.bson_batch import INT32, RawDocuments, array_documents, elements
+from jobs.bson_batch import INT32, RawDocuments, array_documents, elements, int32_at, int64_at
 from resources.mongo import RAW_CODEC
 from tidemark.tokens import covered_until, next_tick, token_cluster_time
 
@@ -94,10 +93,6 @@ class CursorReply:
     post_batch_token: RawBSONDocument | None
 
 
-_INT32 = struct.Struct("<i").unpack_from
-_INT64 = struct.Struct("<q").unpack_from
-
-
 def read_cursor(reply: bytes) -> CursorReply:
     """The `cursor` of an aggregate or getMore reply, read from its bytes: the batch's events
     are located, not decoded (pymongo would build an object per event here)."""
@@ -105,7 +100,7 @@ def read_cursor(reply: bytes) -> CursorReply:
     found = CursorReply(0, "", RawDocuments.of([]), None)
     for key, bson_type, value, size in elements(reply, cursor):
         if key == "id":
-            found.id = (_INT32 if bson_type == INT32 else _INT64)(reply, value)[0]
+            found.id = (int32_at if bson_type == INT32 else int64_at)(reply, value)[0]
         elif key == "ns":
             found.ns = reply[value + 4 : value + size - 1].decode()
         elif key in ("firstBatch", "nextBatch"):
@@ -246,7 +241,7 @@ class ChangeStreamReader:
         except PyMongoError:
             return 0
 
-    def _remember(self, events: RawDocuments, post_batch_token: Any) -> Any:
+    def _remember(self, events: RawDocuments, post_batch_token: Any) -> None:
         token = (
             post_batch_token
             if post_batch_token is not None
@@ -255,7 +250,6 @@ class ChangeStreamReader:
         self._cached_token = token
         if len(events):
             self._returned_any = True
-        return token
 
     def _get_more(self) -> CursorReply:
         reply = self._command(

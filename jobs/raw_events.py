@@ -13,7 +13,6 @@ event; `per_event_table` decodes each event with pymongo, ~20 us. They give the 
 
 from __future__ import annotations
 
-import struct
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +37,7 @@ from jobs.bson_batch import (
     RawDocuments,
     absent,
     bitmap,
+    int32_at,
     numbers,
     text_scalar,
     texts,
@@ -85,13 +85,10 @@ def event_id(raw: bytes) -> str | None:
     of that layout makes this exact, and anything else returns None (decode instead).
     """
     if raw[4:9] == b"\x03_id\x00" and raw[13:20] == b"\x02_data\x00":
-        length = _INT32(raw, 20)[0]
+        length = int32_at(raw, 20)[0]
         if raw[23 + length : 24 + length] == b"\x00":
             return raw[24 : 23 + length].decode()
     return None
-
-
-_INT32 = struct.Struct("<i").unpack_from
 
 
 class EventColumns:
