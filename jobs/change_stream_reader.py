@@ -15,7 +15,14 @@ replaces the driver:
   command;
 - the cached token: after each batch, its postBatchResumeToken if the server sent one, else
   the last event's _id; the token after each event is that event's _id, and after the last
-  event of a batch the postBatchResumeToken.
+  event of a batch the postBatchResumeToken;
+- where the stream stands before any event (`initial_token`): the aggregate's
+  postBatchResumeToken only if its first batch is empty. With events in it, that token lies
+  past them, so a caller that takes none of them (they are past its end) must stay at the
+  token it opened with, or they would be skipped.
+
+A reply whose cursor id is 0 means the server closed the stream: after an invalidate, which a
+pipeline may have filtered out, so the closed cursor, not the event, is the signal.
 """
 
 from __future__ import annotations
@@ -80,9 +87,12 @@ class Batch:
     events: RawDocuments  # one reply's buffer: events are decoded only where looked at
     token_after: Any  # postBatchResumeToken if sent, else the last event's _id
     # Nothing more to read for this caller: the server waited maxAwaitTimeMS and found
-    # nothing, or every event up to the caller's end has been returned (the
-    # postBatchResumeToken covers it: `covered_until`).
+    # nothing (unless the reader waits for its end only), or every event up to the caller's
+    # end has been returned (the postBatchResumeToken covers it: `covered_until`).
     caught_up: bool = False
+    # The server closed the cursor with this reply: the stream was invalidated, and
+    # `token_after` is the invalidate's token even if the pipeline filtered the event out.
+    closed: bool = False
 
 
 @dataclass
@@ -128,6 +138,7 @@ class ChangeStreamReader:
         max_await_time_ms: int,
         prefetch: int = 2,
         is_past_end: Callable[[Timestamp], bool] | None = None,
+        until_end: bool = False,
     ) -> None:
         self.client = client
         self.database = database or "admin"
@@ -139,11 +150,15 @@ class ChangeStreamReader:
         self.batch_size = batch_size
         self.max_await_time_ms = max_await_time_ms
         self.is_past_end = is_past_end
+        # A replay reads until the stream's tokens pass its end: an empty getMore only says
+        # that nothing was majority-committed yet, not that the window is complete.
+        self.until_end = until_end
         self.cursor_id = 0
         self.resumes = 0
         self.initial_token: Any = None
         self._namespace_coll = collection or "$cmd.aggregate"
         self._cached_token: Any = self.options.get("resumeAfter") or self.options.get("startAfter")
+        self.initial_token = self._cached_token
         self._operation_time: Timestamp | None = self.options.get("startAtOperationTime")
         self._returned_any = False
         self._at_end = False  # the last token reached the caller's end, but not past it
@@ -161,7 +176,8 @@ class ChangeStreamReader:
         self._session = self.client.start_session(causal_consistency=False)
         # The aggregate runs here, so its errors (history lost, bad token) surface at once.
         first = self._aggregate()
-        self.initial_token = self._cached_token  # where the stream stands before any event
+        if not len(first.events):  # the spec: only an empty first batch's token is cached
+            self.initial_token = self._cached_token
         self._thread = threading.Thread(
             target=self._fetch_loop, args=(first,), name="tidemark-getmore", daemon=True
         )
@@ -316,10 +332,11 @@ class ChangeStreamReader:
             and self.is_past_end is not None
             and self.is_past_end(next_tick(at))
         )
-        caught_up = past_end or (waited and not len(cursor.events))
-        if not len(cursor.events) and not caught_up:
+        caught_up = past_end or (waited and not len(cursor.events) and not self.until_end)
+        closed = cursor.id == 0
+        if not len(cursor.events) and not caught_up and not closed:
             return True  # an aggregate's empty first batch says nothing
-        if not self._put(Batch(cursor.events, self._cached_token, caught_up)):
+        if not self._put(Batch(cursor.events, self._cached_token, caught_up, closed)):
             return False
         if caught_up:
             while not self._more.wait(0.05):

@@ -10,28 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from bson import Timestamp
-from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure, PyMongoError
 
-from jobs.bson_batch import RawDocuments
-from jobs.change_stream_reader import ChangeStreamReader
+from jobs.capture_pass import LEASE_TTL, Capture, PassBounds, batch_record, capture_pass
 from jobs.lake import ensure_writable
 from jobs.raw_writer import FLUSH_ROWS, RawBatchWriter
 from jobs.snapshot import begin_snapshot, copy_chunks
-from jobs.stream_errors import translate
+from jobs.stream_errors import ResumedFromInvalidate
 from resources.mongo import cluster_time
 from state.store import (
-    BatchRecord,
     Checkpoint,
     FileEntry,
     Lease,
@@ -40,13 +34,8 @@ from state.store import (
     StateStore,
     new_batch_id,
 )
-from tidemark.config import Budget, StreamConfig
-from tidemark.errors import (
-    HistoryLost,
-    MongoConnectionError,
-    StateStoreError,
-    StreamInvalidated,
-)
+from tidemark.config import StreamConfig
+from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
 from tidemark.tokens import (
     datetime_to_ts,
     pack_ts,
@@ -56,8 +45,6 @@ from tidemark.tokens import (
     ts_to_datetime,
     unpack_ts,
 )
-
-LEASE_TTL = timedelta(minutes=10)
 
 
 @dataclass
@@ -142,151 +129,6 @@ def position_time(checkpoint: Checkpoint, options: dict[str, Any]) -> Timestamp 
     if checkpoint.cluster_time is not None:
         return unpack_ts(checkpoint.cluster_time)
     return options.get("startAtOperationTime")
-
-
-def open_reader(
-    client: MongoClient,
-    stream: StreamConfig,
-    start: dict[str, Any],
-    is_past_end: Callable[[Timestamp], bool],
-) -> ChangeStreamReader:
-    options: dict[str, Any] = dict(start)
-    if stream.full_document != "default":
-        options["fullDocument"] = stream.full_document
-    if stream.full_document_before_change != "off":
-        options["fullDocumentBeforeChange"] = stream.full_document_before_change
-    if stream.show_expanded_events:
-        options["showExpandedEvents"] = True
-    return ChangeStreamReader(
-        client,
-        stream.database,
-        stream.collection,
-        options,
-        stream.mongo_pipeline(),
-        batch_size=stream.batch_size,
-        max_await_time_ms=stream.max_await_time_ms,
-        is_past_end=is_past_end,
-    )
-
-
-@dataclass
-class Capture:
-    """What one pass over a change stream consumed."""
-
-    events: int = 0
-    bytes: int = 0
-    counts: Counter[str] = field(default_factory=Counter)
-    first_ts: Timestamp | None = None
-    last_ts: Timestamp | None = None
-    first_id: str | None = None
-    last_id: str | None = None
-    token: Any = None  # the resume token after the last event consumed
-    stop: str = ""
-    invalidated: bool = False
-
-
-def _cluster_time(event: RawBSONDocument) -> Timestamp:
-    return event["clusterTime"]
-
-
-def _first_past_end(
-    events: RawDocuments, end: int, is_past_end: Callable[[Timestamp], bool]
-) -> int:
-    """Index of the first event past the end (cluster times never go back in a stream)."""
-    low, high = 0, end
-    while low < high:
-        middle = (low + high) // 2
-        if is_past_end(_cluster_time(events[middle])):
-            high = middle
-        else:
-            low = middle + 1
-    return low
-
-
-def capture(
-    reader: ChangeStreamReader,
-    writer: RawBatchWriter,
-    budget: Budget,
-    is_past_end: Callable[[Timestamp], bool],
-    keep_alive: Callable[[], None],
-) -> Capture:
-    """Consume whole batches until caught up, past the end, a budget, or an invalidate.
-
-    Work here is per batch, not per event: the cut for a budget is an index, the horizon is
-    checked on a batch's last event (a binary search only when it crosses), an invalidate can
-    only be a stream's last event, and the events go to the writer as raw bytes.
-    """
-    clock = time.monotonic()
-    renewed = clock
-    got = Capture(token=reader.initial_token)
-    for batch in reader.batches():
-        events = batch.events
-        if not events:
-            # Caught up (only such batches are empty): the batch's token is the
-            # postBatchResumeToken, which moves quiet streams forward too.
-            got.token = batch.token_after
-            got.stop = "caught_up"
-            return got
-        now = time.monotonic()
-        if budget.max_seconds and now - clock >= budget.max_seconds:
-            got.stop = "budget_seconds"
-            return got
-        if now - renewed > LEASE_TTL.total_seconds() / 3:
-            keep_alive()
-            renewed = now
-        take, stop = len(events), ""
-        if budget.max_events:
-            left = budget.max_events - got.events
-            if left < take:
-                take, stop = max(left, 0), "budget_events"
-        if budget.max_bytes:
-            sizes = got.bytes + np.cumsum(events.sizes[:take])
-            crossing = int(np.searchsorted(sizes, budget.max_bytes))  # first at or above
-            if crossing < take:  # the event that crosses the limit is the last
-                take, stop = crossing + 1, "budget_bytes"
-        if take and is_past_end(_cluster_time(events[take - 1])):
-            take, stop = _first_past_end(events, take, is_past_end), "horizon"
-        if take and events[take - 1]["operationType"] == "invalidate":
-            got.invalidated, stop = True, "invalidate"
-        if take:
-            consumed = events[:take]
-            writer.add(consumed)
-            got.events += take
-            got.bytes += consumed.nbytes
-            if got.first_id is None:
-                got.first_id = consumed[0]["_id"]["_data"]
-                got.first_ts = _cluster_time(consumed[0])
-            last = consumed[-1]
-            got.last_id, got.last_ts = last["_id"]["_data"], _cluster_time(last)
-            whole = take == len(events) and not got.invalidated
-            got.token = batch.token_after if whole else last["_id"]
-        if stop:
-            got.stop = stop
-            return got
-        if batch.caught_up:  # consumed whole: its token is the postBatchResumeToken
-            got.stop = "caught_up"
-            return got
-    got.stop = "closed"
-    return got
-
-
-def batch_record(
-    batch_id: str, stream: str, source: str, got: Capture, files: list[FileEntry], **extra: Any
-) -> BatchRecord:
-    return BatchRecord(
-        id=batch_id,
-        stream=stream,
-        source=source,
-        event_count=got.events,
-        bytes=got.bytes,
-        files=files,
-        events_by_type=dict(got.counts),
-        first_event_id=got.first_id,
-        last_event_id=got.last_id,
-        first_cluster_time=pack_ts(got.first_ts) if got.first_ts else None,
-        last_cluster_time=pack_ts(got.last_ts) if got.last_ts else None,
-        **extra,
-    )
 
 
 def drain(
@@ -402,6 +244,20 @@ def _snapshot_result(
     )
 
 
+def _open_invalidated(checkpoint: Checkpoint, stream: StreamConfig) -> None:
+    """A stream whose checkpoint is an invalidate either stops there or goes on (startAfter)."""
+    if checkpoint.token_is_invalidate and stream.on_invalidate == "stop":
+        moment = ts_to_datetime(checkpoint.cluster_time)
+        when = f"at {moment:%Y-%m-%d %H:%M:%S} UTC " if moment else ""
+        raise StreamInvalidated(
+            f"Stream {stream.name!r} ended with an invalidate {when}"
+            f"({stream.namespace} was dropped or renamed), and "
+            "its on_invalidate is 'stop'; everything up to the invalidate is committed.",
+            "Set on_invalidate: continue to follow a re-created collection from there, or "
+            f"`tidemark reset {stream.name} --to-now` to start afresh.",
+        )
+
+
 def _incremental(
     stream: StreamConfig,
     client: MongoClient,
@@ -416,50 +272,36 @@ def _incremental(
 ) -> DrainResult:
     checkpoint = store.checkpoint(stream.name)  # as of holding the lease
     assert checkpoint is not None
-    if checkpoint.token_is_invalidate and stream.on_invalidate == "stop":
-        moment = ts_to_datetime(checkpoint.cluster_time)
-        raise StreamInvalidated(
-            f"Stream {stream.name!r} ended with an invalidate at "
-            f"{moment:%Y-%m-%d %H:%M:%S} UTC ({stream.namespace} was dropped or renamed), and "
-            "its on_invalidate is 'stop'; everything up to the invalidate is committed.",
-            "Set on_invalidate: continue to follow a re-created collection from there, or "
-            f"`tidemark reset {stream.name} --to-now` to start afresh.",
-        )
+    _open_invalidated(checkpoint, stream)
     options = start_options(checkpoint, stream)
     horizon = cluster_time(client)
 
     def past_horizon(ts: Timestamp) -> bool:
         return ts > horizon
 
+    bounds = PassBounds(past_horizon, stream.budget)
     batch_id = new_batch_id()
     writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
+    keep_alive = lambda: store.renew_lease(lease, LEASE_TTL)  # noqa: E731
+    at = position_time(checkpoint, options)
     try:
-        with open_reader(client, stream, options, past_horizon) as reader:
-            got = capture(
-                reader,
-                writer,
-                stream.budget,
-                past_horizon,
-                lambda: store.renew_lease(lease, LEASE_TTL),
-            )
-    except OperationFailure as exc:
-        writer.close()
-        raise translate(exc, stream.name, client, position_time(checkpoint, options)) from None
-    except PyMongoError as exc:  # the server went away, and one resume attempt failed too
-        writer.close()
-        raise MongoConnectionError(
-            f"MongoDB became unreachable while stream {stream.name!r} was drained "
-            f"({type(exc).__name__}: {str(exc).split(', Timeout')[0][:200]}); nothing was "
-            "committed.",
-            "The next run resumes from the last checkpoint once the server is back.",
-        ) from None
-    writer.close()
-    got.counts = writer.counts
+        got = capture_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
+    except ResumedFromInvalidate:
+        # Checkpoints committed before closed cursors were detected hold an invalidate's
+        # token unflagged; the server names it, so the stream goes on as the flag would say.
+        if checkpoint.token_is_invalidate:
+            raise
+        checkpoint = replace(checkpoint, token_is_invalidate=True)
+        _open_invalidated(checkpoint, stream)
+        options = start_options(checkpoint, stream)
+        got = capture_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
     if before_commit is not None:
         before_commit(writer.files)
     token_json = token_to_json(got.token) if got.token is not None else None
     token_ts = token_cluster_time(got.token) if got.token is not None else None
     position = None
+    # An unchanged token keeps its flag: a stream opened with startAfter at an invalidate
+    # reports that same token until something new arrives.
     if token_json is not None and token_json != checkpoint.token:
         position = NewPosition(
             token=token_json,

@@ -1,24 +1,29 @@
 """`tidemark gc`: remove raw files that no committed batch lists (orphans of crashed runs).
 
-Each stream is swept while holding its lease, so no drain of it is writing at the same time;
-a stream whose lease is held is skipped and swept next time.
+A stream is swept only while gc holds every lease its raw zone is written under (the drain's,
+which snapshots share, and the replay's), so no writer of it is running: a live writer's files
+are never swept, however long it runs. A writer whose lease gc took over (it expired, or its
+process is gone) can no longer commit, since its commit is fenced by the lease's epoch. A
+stream with a lease held is skipped and swept next time. `min_age_seconds` only spares files
+that a writer on a host with a skewed clock might still be renaming into place.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
+from jobs.capture_pass import LEASE_TTL, writer_leases
 from jobs.lake import RAW, SweepResult, sweep_orphans
-from state.store import StateStore
-from tidemark.errors import LeaseHeld
+from state.store import Lease, StateStore
+from tidemark.errors import LeaseHeld, StateStoreError
 
 
 @dataclass(frozen=True)
 class StreamSweep:
     stream: str
-    result: SweepResult | None  # None: skipped, its lease is held
+    result: SweepResult | None  # None: skipped, a writer holds one of its leases
     note: str = ""
 
 
@@ -32,9 +37,12 @@ def collect_garbage(
 ) -> list[StreamSweep]:
     sweeps = []
     for stream in lake_streams(lake_root):
+        held: list[Lease] = []
         try:
-            lease = store.acquire_lease(stream, timedelta(minutes=5))
+            for name in writer_leases(stream):
+                held.append(store.acquire_lease(name, LEASE_TTL))
         except LeaseHeld:
+            _release(store, held)
             sweeps.append(StreamSweep(stream, None, "skipped: a run holds its lease"))
             continue
         try:
@@ -43,5 +51,11 @@ def collect_garbage(
                 StreamSweep(stream, sweep_orphans(lake_root, stream, committed, min_age_seconds))
             )
         finally:
-            store.release_lease(lease)
+            _release(store, held)
     return sweeps
+
+
+def _release(store: StateStore, leases: list[Lease]) -> None:
+    for lease in leases:
+        with contextlib.suppress(StateStoreError):
+            store.release_lease(lease)

@@ -8,19 +8,19 @@ checkpoint never moves, and the transform drops the events it already has.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bson import Timestamp
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
 
-from jobs.drain import LEASE_TTL, DrainResult, batch_record, capture, open_reader
+from jobs.capture_pass import LEASE_TTL, PassBounds, batch_record, capture_pass, replay_lease
+from jobs.drain import DrainResult
 from jobs.lake import ensure_writable
 from jobs.raw_writer import RawBatchWriter
-from jobs.stream_errors import translate
 from resources.mongo import cluster_time, oplog_window
-from state.store import StateStore, new_batch_id
+from state.store import FileEntry, StateStore, new_batch_id
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import TidemarkError
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
@@ -60,38 +60,42 @@ def replay(
     lake_root: Path,
     start: datetime,
     end: datetime,
+    *,
+    before_commit: Callable[[list[FileEntry]], None] | None = None,
 ) -> DrainResult:
-    """Capture the events of [start, end) as a replay batch; the checkpoint is not moved."""
+    """Capture the events of [start, end) as a replay batch; the checkpoint is not moved.
+
+    The window is read until the stream's tokens pass `end` (an empty reply is not its end),
+    with no per-run budget, and through invalidates when the stream continues after them.
+    """
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     ensure_writable(lake_root)
     check_window(stream.name, client, start, end)
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(f"replay:{stream.name}", LEASE_TTL)
+    lease = store.acquire_lease(replay_lease(stream.name), LEASE_TTL)
     try:
         start_ts, end_ts = datetime_to_ts(start), datetime_to_ts(end)
 
         def past_window(ts: Timestamp) -> bool:
             return ts >= end_ts
 
-        options = {"startAtOperationTime": start_ts}
+        unbounded = Budget(max_events=None, max_bytes=None, max_seconds=None)
+        bounds = PassBounds(past_window, unbounded, until_end=True)
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id)
-        # A window is bounded by its end, not by the per-run budgets of the incremental drain.
-        unbounded = Budget(max_events=None, max_bytes=None, max_seconds=None)
-        try:
-            with open_reader(client, stream, options, past_window) as reader:
-                got = capture(
-                    reader,
-                    writer,
-                    unbounded,
-                    past_window,
-                    lambda: store.renew_lease(lease, LEASE_TTL),
-                )
-        except OperationFailure as exc:
-            raise translate(exc, stream.name, client, start_ts) from None
-        writer.close()
-        got.counts = writer.counts
+        got = capture_pass(
+            stream,
+            client,
+            writer,
+            {"startAtOperationTime": start_ts},
+            bounds,
+            lambda: store.renew_lease(lease, LEASE_TTL),
+            position_time=start_ts,
+            follow_invalidate=stream.on_invalidate == "continue",
+        )
+        if before_commit is not None:
+            before_commit(writer.files)
         if got.events:
             batch = batch_record(
                 batch_id,

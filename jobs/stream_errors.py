@@ -31,6 +31,10 @@ def _fmt(ts: Timestamp | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "an unknown time"
 
 
+class ResumedFromInvalidate(TidemarkError):
+    """resumeAfter was given an invalidate's token: the caller may open with startAfter."""
+
+
 def translate(
     exc: OperationFailure, stream: str, client: MongoClient, position_time: Timestamp | None
 ) -> TidemarkError:
@@ -48,6 +52,12 @@ def translate(
             f"To recover: `tidemark reset {stream} --to-now` skips the gap (the lake misses the "
             "changes made in it); a re-snapshot of the collection restores exactness; and a "
             "larger oplog (replSetResizeOplog) or more frequent runs keep it from happening again.",
+        )
+    if exc.code == INVALID_TOKEN and "invalidate" in server_message(exc):
+        return ResumedFromInvalidate(
+            f"Stream {stream!r} was asked to resume after an invalidate's token "
+            f"({server_message(exc)}).",
+            "Only startAfter may open a stream past an invalidate.",
         )
     if exc.code == INVALID_TOKEN:
         return TidemarkError(

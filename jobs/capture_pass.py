@@ -1,0 +1,278 @@
+"""One capture pass: a change stream opened at a position -> the raw zone's files, not committed.
+
+The incremental drain and the replay of a window are the same pass with other bounds: where
+it opens, where its end is, whether a budget applies, and whether an empty getMore may end it.
+Both commit what the pass returns themselves (the drain moves its checkpoint, a replay never
+does), so everything about reading, stopping and server errors lives here once.
+
+Rules of a pass:
+1. Work is per batch (server reply), not per event: the cut for a budget is an index, the end
+   is checked on a batch's last event, with a binary search only when it crosses.
+2. The token after the pass is where its consumer resumes without a gap or a repeat: the
+   token it opened at while nothing is consumed, the last consumed event's id after a cut,
+   the batch's postBatchResumeToken after a whole batch.
+3. A closed cursor ends the pass as an invalidate, whether or not the pipeline let the
+   invalidate event through; its token is then the invalidate's, for a later startAfter.
+4. Server errors become Tidemark errors that say nothing was committed; files written so far
+   are orphans that `tidemark gc` sweeps once no writer holds the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure, PyMongoError
+
+from jobs.bson_batch import RawDocuments
+from jobs.change_stream_reader import ChangeStreamReader
+from jobs.raw_writer import RawBatchWriter
+from jobs.stream_errors import translate
+from state.store import BatchRecord, FileEntry
+from tidemark.config import Budget, StreamConfig
+from tidemark.errors import MongoConnectionError, TidemarkError
+from tidemark.tokens import pack_ts
+
+# The one lease duration of every raw-zone writer (drain, snapshot, replay) and of gc.
+LEASE_TTL = timedelta(minutes=10)
+# How long a replay waits for the server to confirm its window's end (majority lag).
+END_WAIT_SECONDS = 600.0
+
+
+def replay_lease(stream: str) -> str:
+    """The lease a replay of `stream` holds (one replay per stream at a time)."""
+    return f"replay:{stream}"
+
+
+def writer_leases(stream: str) -> list[str]:
+    """Every lease under which files of `stream`'s raw zone are written (the drain's, which
+    its snapshots share, and the replay's): gc holds them all while it sweeps."""
+    return [stream, replay_lease(stream)]
+
+
+class WindowNotConfirmed(TidemarkError):
+    """The server never showed a replay window's end as passed: it could not be complete."""
+
+
+@dataclass
+class Capture:
+    """What one pass over a change stream consumed."""
+
+    events: int = 0
+    bytes: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    first_ts: Timestamp | None = None
+    last_ts: Timestamp | None = None
+    first_id: str | None = None
+    last_id: str | None = None
+    token: Any = None  # the resume token after the last event consumed
+    stop: str = ""
+    invalidated: bool = False
+
+
+@dataclass(frozen=True)
+class PassBounds:
+    """Where a pass ends: its end (a horizon or a window's end), and its budget."""
+
+    is_past_end: Callable[[Timestamp], bool]
+    budget: Budget
+    # A replay's window is complete only once the stream's tokens pass its end; a drain may
+    # stop at the first empty getMore (the next run goes on from there).
+    until_end: bool = False
+
+
+def open_reader(
+    client: MongoClient,
+    stream: StreamConfig,
+    start: dict[str, Any],
+    bounds: PassBounds,
+) -> ChangeStreamReader:
+    options: dict[str, Any] = dict(start)
+    if stream.full_document != "default":
+        options["fullDocument"] = stream.full_document
+    if stream.full_document_before_change != "off":
+        options["fullDocumentBeforeChange"] = stream.full_document_before_change
+    if stream.show_expanded_events:
+        options["showExpandedEvents"] = True
+    return ChangeStreamReader(
+        client,
+        stream.database,
+        stream.collection,
+        options,
+        stream.mongo_pipeline(),
+        batch_size=stream.batch_size,
+        max_await_time_ms=stream.max_await_time_ms,
+        is_past_end=bounds.is_past_end,
+        until_end=bounds.until_end,
+    )
+
+
+def _cluster_time(event: RawBSONDocument) -> Timestamp:
+    return event["clusterTime"]
+
+
+def _first_past_end(
+    events: RawDocuments, end: int, is_past_end: Callable[[Timestamp], bool]
+) -> int:
+    """Index of the first event past the end (cluster times never go back in a stream)."""
+    low, high = 0, end
+    while low < high:
+        middle = (low + high) // 2
+        if is_past_end(_cluster_time(events[middle])):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _budget_cut(events: RawDocuments, got: Capture, budget: Budget) -> tuple[int, str]:
+    take, stop = len(events), ""
+    if budget.max_events:
+        left = budget.max_events - got.events
+        if left < take:
+            take, stop = max(left, 0), "budget_events"
+    if budget.max_bytes:
+        sizes = got.bytes + np.cumsum(events.sizes[:take])
+        crossing = int(np.searchsorted(sizes, budget.max_bytes))  # first at or above
+        if crossing < take:  # the event that crosses the limit is the last
+            take, stop = crossing + 1, "budget_bytes"
+    return take, stop
+
+
+def capture(
+    reader: ChangeStreamReader,
+    writer: RawBatchWriter,
+    bounds: PassBounds,
+    keep_alive: Callable[[], None],
+    got: Capture | None = None,
+) -> Capture:
+    """Consume whole batches until caught up, past the end, a budget, or an invalidate."""
+    clock = time.monotonic()
+    renewed = waiting_since = clock
+    budget = bounds.budget
+    if got is None:
+        got = Capture()
+    got.token = reader.initial_token
+    got.stop, got.invalidated = "", False
+    for batch in reader.batches():
+        events = batch.events
+        now = time.monotonic()
+        if now - renewed > LEASE_TTL.total_seconds() / 3:
+            keep_alive()
+            renewed = now
+        if not events:
+            if batch.closed:  # an invalidate the pipeline filtered out
+                got.token, got.invalidated, got.stop = batch.token_after, True, "invalidate"
+                return got
+            if batch.caught_up:
+                # Only caught-up batches are empty (but a replay's waiting ones): the
+                # postBatchResumeToken moves quiet streams forward too.
+                got.token, got.stop = batch.token_after, "caught_up"
+                return got
+            if now - waiting_since > END_WAIT_SECONDS:
+                raise WindowNotConfirmed(
+                    f"The server did not show the end of the window as passed within "
+                    f"{END_WAIT_SECONDS:.0f} s (majority commits lagging?); nothing was "
+                    "committed, since the window could be incomplete.",
+                    "Check the replica set's health (rs.status()) and run the replay again.",
+                )
+            continue
+        waiting_since = now
+        if budget.max_seconds and now - clock >= budget.max_seconds:
+            got.stop = "budget_seconds"
+            return got
+        take, stop = _budget_cut(events, got, budget)
+        if take and bounds.is_past_end(_cluster_time(events[take - 1])):
+            take, stop = _first_past_end(events, take, bounds.is_past_end), "horizon"
+        if take:
+            consumed = events[:take]
+            writer.add(consumed)
+            got.events += take
+            got.bytes += consumed.nbytes
+            if got.first_id is None:
+                got.first_id = consumed[0]["_id"]["_data"]
+                got.first_ts = _cluster_time(consumed[0])
+            last = consumed[-1]
+            got.last_id, got.last_ts = last["_id"]["_data"], _cluster_time(last)
+            whole = take == len(events)
+            if last["operationType"] == "invalidate":
+                got.token, got.invalidated, stop = last["_id"], True, "invalidate"
+            elif whole and batch.closed:
+                got.token, got.invalidated, stop = batch.token_after, True, "invalidate"
+            else:
+                got.token = batch.token_after if whole else last["_id"]
+        if stop:
+            got.stop = stop
+            return got
+        if batch.caught_up:  # consumed whole: its token is the postBatchResumeToken
+            got.stop = "caught_up"
+            return got
+    got.stop = "closed"
+    return got
+
+
+def capture_pass(
+    stream: StreamConfig,
+    client: MongoClient,
+    writer: RawBatchWriter,
+    start: dict[str, Any],
+    bounds: PassBounds,
+    keep_alive: Callable[[], None],
+    *,
+    position_time: Timestamp | None,
+    follow_invalidate: bool = False,
+) -> Capture:
+    """Open the stream at `start` and capture into `writer` (closed on return or error).
+
+    `follow_invalidate` goes on past an invalidate with startAfter (a replay of a stream set
+    to `on_invalidate: continue` covers the re-created collection, as the drain would).
+    """
+    got = Capture()
+    try:
+        while True:
+            with open_reader(client, stream, start, bounds) as reader:
+                got = capture(reader, writer, bounds, keep_alive, got)
+            if not (follow_invalidate and got.stop == "invalidate"):
+                break
+            start = {"startAfter": got.token}
+    except OperationFailure as exc:
+        writer.close()
+        raise translate(exc, stream.name, client, position_time) from None
+    except PyMongoError as exc:  # the server went away, and one resume attempt failed too
+        writer.close()
+        raise MongoConnectionError(
+            f"MongoDB became unreachable while stream {stream.name!r} was captured "
+            f"({type(exc).__name__}: {str(exc).split(', Timeout')[0][:200]}); nothing was "
+            "committed.",
+            "The next run resumes from the last checkpoint once the server is back.",
+        ) from None
+    writer.close()
+    got.counts = writer.counts
+    return got
+
+
+def batch_record(
+    batch_id: str, stream: str, source: str, got: Capture, files: list[FileEntry], **extra: Any
+) -> BatchRecord:
+    return BatchRecord(
+        id=batch_id,
+        stream=stream,
+        source=source,
+        event_count=got.events,
+        bytes=got.bytes,
+        files=files,
+        events_by_type=dict(got.counts),
+        first_event_id=got.first_id,
+        last_event_id=got.last_id,
+        first_cluster_time=pack_ts(got.first_ts) if got.first_ts else None,
+        last_cluster_time=pack_ts(got.last_ts) if got.last_ts else None,
+        **extra,
+    )

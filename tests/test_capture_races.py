@@ -1,0 +1,233 @@
+"""Capture under concurrency: writes racing a run's start, pipelines that hide invalidates,
+replay windows still filling, gc beside a backfill, and lost connections during a replay.
+
+Each test pins one hole an adversarial review found, with the race made deterministic by
+holding a real step (a write, a commit) at the point where it happened.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+
+import jobs.drain as drain_module
+import jobs.replay as replay_module
+from jobs.change_stream_reader import ChangeStreamReader
+from jobs.drain import drain, drain_until_caught_up
+from jobs.gc import collect_garbage
+from jobs.replay import replay
+from resources.mongo import connect
+from tests.helpers.lake_reading import committed_table
+from tidemark.errors import MongoConnectionError, StreamInvalidated
+from tidemark.tokens import token_cluster_time, token_from_json, token_to_json
+
+CRUD_ONLY = [{"$match": {"operationType": {"$in": ["insert", "update", "replace", "delete"]}}}]
+
+
+def _keys(store, lake, stream: str) -> list[str]:
+    return committed_table(store, lake, stream).column("document_key").to_pylist()
+
+
+def _string_key(value: str) -> str:
+    return f'{{ "_id" : "{value}" }}'
+
+
+def test_a_write_between_the_horizon_and_the_aggregate_is_not_skipped(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    """The stream is caught up; a write lands after the run took its horizon and before the
+    aggregate: its event is past the horizon, so this run takes nothing, and its token must
+    not move past the event (the aggregate's postBatchResumeToken lies beyond it)."""
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    real_cluster_time = drain_module.cluster_time
+
+    def horizon_then_a_write(c):
+        horizon = real_cluster_time(c)
+        client[db_name]["orders"].insert_one({"_id": "raced"})
+        return horizon
+
+    monkeypatch.setattr(drain_module, "cluster_time", horizon_then_a_write)
+    first = drain(stream, raw_client, sqlite_store, lake)
+    monkeypatch.undo()
+    assert first.events == 0 and first.stop_reason == "horizon"
+
+    raced_at = client[db_name]["orders"].database.command("ping")["operationTime"]
+    checkpoint = sqlite_store.checkpoint(stream.name)
+    # The invariant: the committed token covers no event that is not in a committed batch.
+    assert token_cluster_time(token_from_json(checkpoint.token)) < raced_at
+    drain(stream, raw_client, sqlite_store, lake)
+    assert _keys(sqlite_store, lake, stream.name) == [_string_key("raced")]
+
+
+def _invalidate_token(raw_client: MongoClient, db: str, resume_after) -> RawBSONDocument:
+    """The token of the closed cursor after a drop, read through a CRUD-only pipeline."""
+    with ChangeStreamReader(raw_client, db, "orders", {"resumeAfter": resume_after}, CRUD_ONLY,
+                            100, 300) as reader:  # fmt: skip
+        for batch in reader.batches():
+            assert not batch.caught_up, "the stream was not invalidated"
+            if batch.closed:
+                return batch.token_after
+    raise AssertionError("the reader ended without a closed batch")
+
+
+@pytest.mark.parametrize("scope", ["collection", "database"])
+def test_a_pipeline_that_hides_invalidate_follows_the_re_created_collection(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, scope
+):
+    collection = "orders" if scope == "collection" else None
+    stream = make_stream(pipeline=CRUD_ONLY, collection=collection, on_invalidate="continue")
+    client[db_name]["orders"].insert_one({"_id": "before"})
+    drain(stream, raw_client, sqlite_store, lake)
+    client[db_name]["orders"].insert_one({"_id": "old"})
+    if scope == "collection":
+        client[db_name]["orders"].drop()
+    else:
+        client.drop_database(db_name)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    assert sqlite_store.checkpoint(stream.name).token_is_invalidate
+
+    client[db_name]["orders"].insert_one({"_id": "new"})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    assert _keys(sqlite_store, lake, stream.name) == [_string_key("old"), _string_key("new")]
+
+
+def test_a_pipeline_that_hides_invalidate_stops_clearly_when_asked(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(pipeline=CRUD_ONLY, on_invalidate="stop")
+    drain(stream, raw_client, sqlite_store, lake)
+    client[db_name]["orders"].insert_one({"_id": "old"})
+    client[db_name]["orders"].drop()
+    drain(stream, raw_client, sqlite_store, lake)
+    with pytest.raises(StreamInvalidated, match="on_invalidate is 'stop'"):
+        drain(stream, raw_client, sqlite_store, lake)
+    assert _keys(sqlite_store, lake, stream.name) == [_string_key("old")]
+
+
+def test_a_checkpoint_holding_an_unflagged_invalidate_token_resumes_with_start_after(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """Stores written before closed cursors were detected hold the invalidate token as a
+    plain one; the server refuses resumeAfter from it, and the next run must recover."""
+    stream = make_stream(pipeline=CRUD_ONLY)
+    drain(stream, raw_client, sqlite_store, lake)
+    start = token_from_json(sqlite_store.checkpoint(stream.name).token)
+    client[db_name]["orders"].insert_one({"_id": "before-drop"})  # a collection to drop
+    client[db_name]["orders"].drop()
+    token = _invalidate_token(raw_client, db_name, start)
+    lease = sqlite_store.acquire_lease(stream.name, timedelta(minutes=1))
+    from state.store import NewPosition
+
+    sqlite_store.commit_batch(
+        lease,
+        sqlite_store.checkpoint(stream.name).version,
+        None,
+        NewPosition(token=token_to_json(token), cluster_time=None),
+    )
+    sqlite_store.release_lease(lease)
+    client[db_name]["orders"].insert_one({"_id": "new"})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    assert _keys(sqlite_store, lake, stream.name) == [_string_key("new")]
+
+
+def test_a_replay_reads_until_its_window_is_covered_not_to_the_first_empty_reply(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    """Events of the window that the server has not made visible yet (majority lag, a lagging
+    shard) come after an empty getMore: the window is complete only when the stream's tokens
+    pass its end. Here the window ends in the near future and is written into meanwhile."""
+    stream = make_stream()
+    monkeypatch.setattr(replay_module, "check_window", lambda *args: None)
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=4)
+
+    def wait_until(moment: datetime) -> None:
+        threading.Event().wait(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
+
+    def late_writes() -> None:
+        for n in range(3):
+            wait_until(end - timedelta(seconds=2.5 - n))
+            client[db_name]["orders"].insert_one({"_id": f"late{n}"})
+        # A write elsewhere after the end moves the stream's tokens past it (an idle replica
+        # set's no-op writer would, every 10 s).
+        wait_until(end + timedelta(seconds=0.2))
+        client[db_name]["elsewhere"].insert_one({})
+
+    writer = threading.Thread(target=late_writes)
+    writer.start()
+    result = replay(stream, raw_client, sqlite_store, lake, start, end)
+    writer.join()
+    assert result.events == 3
+    assert sorted(_keys(sqlite_store, lake, stream.name)) == [
+        _string_key(f"late{n}") for n in range(3)
+    ]
+
+
+def test_gc_never_sweeps_the_files_of_an_in_flight_replay(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    start = datetime.now(UTC) - timedelta(seconds=2)
+    client[db_name]["orders"].insert_many([{"_id": n} for n in range(20)])
+    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    threading.Event().wait((end - datetime.now(UTC)).total_seconds() + 0.2)
+    client[db_name]["elsewhere"].insert_one({})  # the stream's tokens pass the window's end
+
+    at_commit, go_on = threading.Event(), threading.Event()
+    real_commit = sqlite_store.commit_batch
+
+    def held_commit(*args, **kwargs):
+        at_commit.set()
+        go_on.wait(60)
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite_store, "commit_batch", held_commit)
+    results: list = []
+    backfill = threading.Thread(
+        target=lambda: results.append(replay(stream, raw_client, sqlite_store, lake, start, end))
+    )
+    backfill.start()
+    assert at_commit.wait(60)
+    sweeps = collect_garbage(lake, sqlite_store, min_age_seconds=0)  # age protects nothing
+    go_on.set()
+    backfill.join(60)
+    assert results and results[0].events == 20
+    assert sweeps and all(not (s.result and s.result.removed) for s in sweeps)
+    for batch in sqlite_store.batches(stream.name):
+        for file in batch.files:
+            assert (lake / file.path).exists(), f"committed file {file.path} was swept"
+
+
+def test_a_lost_connection_during_a_replay_is_a_clear_error(
+    mongod, client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    stream = make_stream()
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    client[db_name]["orders"].insert_many([{"_id": n} for n in range(5)])
+    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    threading.Event().wait((end - datetime.now(UTC)).total_seconds() + 0.2)
+    raw = connect(mongod.uri, raw=True, timeout_ms=2000, appname="replay-fault")
+    # Every getMore and the resume's aggregate lose their connection.
+    client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 4},
+        data={
+            "failCommands": ["getMore", "aggregate"],
+            "appName": "replay-fault",
+            "closeConnection": True,
+        },
+    )
+    try:
+        with pytest.raises(MongoConnectionError, match="nothing was committed"):
+            replay(stream, raw, sqlite_store, lake, start, end)
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+        raw.close()
+    assert sqlite_store.batches(stream.name) == []
