@@ -109,6 +109,9 @@ class StreamConfig(BaseModel):
     # continue opens the stream again with startAfter and follows a re-created collection.
     on_invalidate: Literal["stop", "continue"] = "continue"
     snapshot_chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 5000
+    # A chunk also ends before this many bytes of documents (one larger document is a chunk of
+    # its own): chunks of large documents would otherwise run out of memory on every retry.
+    snapshot_chunk_bytes: Annotated[int, Field(gt=0)] = 64 << 20
     current_table: bool = True  # fold into the versioned current-state table
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
     schedule: str = "*/5 * * * *"  # cron of the Dagster schedule
