@@ -20,7 +20,7 @@ from pymongo import MongoClient
 from jobs.bson_batch import RawDocuments
 from jobs.change_stream_reader import ChangeStreamReader
 from jobs.drain import drain, drain_until_caught_up
-from jobs.raw_events import array_events_table, events_table, per_event_table
+from jobs.raw_events import array_events_table, document_json, events_table, per_event_table
 from jobs.tables import read_current
 from jobs.transform import transform
 from resources.mongo import cluster_time
@@ -197,3 +197,10 @@ def test_a_drain_of_document_keys_holding_a_regex_folds_into_current(
         for k in (0, 1, 2, 3, 5)
     }
     assert set(got) == expected_keys
+
+
+def test_documents_of_4_kb_and_more_convert_to_json() -> None:
+    """pymongo (4.18+) hands out sub-documents of 4 KB and more as memoryviews."""
+    full = {"_id": 1, "pad": "x" * 5000}
+    raw = bson.encode({"operationType": "insert", "fullDocument": full})
+    assert document_json(raw)[0] == bsonjs.dumps(bson.encode(full), mode=bsonjs.CANONICAL)
