@@ -19,11 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp
+from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp, json_util
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 
 from jobs.drain import drain, drain_until_caught_up
+from jobs.snapshot import key_from_text, read_chunk
 from jobs.tables import read_current
 from jobs.transform import transform
 from resources.embedded_mongo import start_mongod, stop_mongod
@@ -31,6 +32,7 @@ from resources.mongo import connect
 from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state
 from tests.test_failures import roll_oplog_past
 from tidemark.errors import HistoryLost
+from tidemark.tokens import CANONICAL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -330,3 +332,18 @@ def test_ids_and_fields_with_dates_outside_pythons_range_are_copied_and_resumed(
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == _raw_source_state(raw_client, db_name, "orders")
     assert len(got) == len(docs) + 1
+
+
+def test_a_position_stored_by_an_earlier_version_resumes(client, raw_client, db_name):
+    """Snapshots left running by the json_util-based copy: their last_key still reads back
+    to the same BSON, and one stopped at a MaxKey _id (whose min() the server refuses) ends."""
+    for value in (5, Int64(2**40), -0.0, "ü", ObjectId(), MinKey(), {"a": [1]}, Timestamp(5, 6)):
+        text = json_util.dumps({"_id": value}, json_options=CANONICAL)
+        assert key_from_text(text) == bson.encode({"_id": value})
+    client[db_name]["orders"].insert_many([{"_id": 1}, {"_id": MaxKey()}])
+    database = raw_client.get_database(db_name)
+    after_max = key_from_text(json_util.dumps({"_id": MaxKey()}, json_options=CANONICAL))
+    chunk = read_chunk(database, "orders", after_max, 10, 1 << 20)
+    assert chunk.finished and chunk.rows == []
+    chunk = read_chunk(database, "orders", bson.encode({"_id": 1}), 10, 1 << 20)
+    assert chunk.finished and [key for key, _ in chunk.rows] == [bson.encode({"_id": MaxKey()})]
