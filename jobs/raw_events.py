@@ -75,7 +75,8 @@ def _json(value: Any) -> str | None:
     """
     if value is None:
         return None
-    return bsonjs.dumps(value.raw, mode=bsonjs.CANONICAL)
+    # pymongo 4.18+ hands out sub-documents of 4 KB and more as memoryviews; bsonjs takes bytes.
+    return bsonjs.dumps(bytes(value.raw), mode=bsonjs.CANONICAL)
 
 
 def event_id(raw: bytes) -> str | None:
@@ -206,6 +207,9 @@ def array_events_table(docs: RawDocuments) -> pa.Table | None:
     names = [ns["db"], ns["coll"], to["db"], to["coll"]]
     if not all(np.isin(name.types, (STRING, *_ABSENT)).all() for name in names):
         return None
+    document_keys = _document_keys(b, top["documentKey"])
+    if document_keys is None:
+        return None
     clock = b.uint64s(top["clusterTime"].offsets)  # a BSON Timestamp: time << 32 | increment
     wall = top["wallTime"]
     txn = top["txnNumber"]
@@ -223,7 +227,7 @@ def array_events_table(docs: RawDocuments) -> pa.Table | None:
         b.strings(to["db"]),
         b.strings(to["coll"]),
         _per_value(b, top["collectionUUID"], BINARY, _binary_hex),
-        _document_keys(b, top["documentKey"]),
+        document_keys,
         b.views(docs.starts, docs.sizes, None, pa.binary()),
     ]
     return pa.Table.from_arrays(columns, schema=RAW_SCHEMA)
@@ -252,10 +256,13 @@ _KEY_FORMS = {
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
-def _document_keys(b: BsonBuffer, located: Located) -> pa.Array:
+def _document_keys(b: BsonBuffer, located: Located) -> pa.Array | None:
+    """The document_key column; None when a key holds what the walk does not size (a regex,
+    say in a shard key field): the top-level walk only sized documentKey as a whole."""
     n = len(located.types)
     inner = _inner(b, located, ["_id"])
-    assert inner is not None  # documentKey was walked as part of its event already
+    if inner is None:
+        return None
     key = inner["_id"]
     doc_sizes = b.int32s(located.offsets)
     parts = []

@@ -4,7 +4,13 @@ A snapshot takes the cluster time T, moves the checkpoint to `startAtOperationTi
 the same transaction that records the snapshot), then copies each collection in `_id` order,
 one committed batch per chunk (source `snapshot`, operation `snapshot`, cluster time T) with
 the chunk's progress in the same transaction. A crashed copy resumes after its last committed
-chunk. Writes during the copy are fine: every event after T is drained afterwards and folds on
+chunk. A chunk ends at `snapshot_chunk_size` documents or before `snapshot_chunk_bytes`.
+
+Documents and keys stay raw BSON from the server to the raw zone: the position (`last_key`)
+is libbson's canonical Extended JSON of `{_id: ...}` and goes back to the server as raw BSON,
+so an _id Python cannot decode (a date before year 1 or after 9999) copies and resumes too.
+
+Writes during the copy are fine: every event after T is drained afterwards and folds on
 top, because the snapshot's rows sort before any event at or after T.
 
 Event ids of snapshot rows are `82<T>!<snapshot>:<n>`: the resume-token prefix of T followed by
@@ -15,24 +21,28 @@ while the stream's position was lost.
 
 from __future__ import annotations
 
+import struct
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import bson
-from bson import Timestamp, json_util
+import bsonjs
+from bson import MaxKey, MinKey, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
+from pymongo.database import Database
 
-from jobs.bson_batch import RawDocuments
+from jobs.bson_batch import RawDocuments, elements
 from jobs.raw_writer import RawBatchWriter
 from resources.mongo import RAW_CODEC, cluster_time
 from state.store import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
-from tidemark.tokens import CANONICAL, pack_ts, unpack_ts
+from tidemark.tokens import pack_ts, unpack_ts
 
 SNAPSHOT = "snapshot"
 SNAPSHOT_START = "snapshot_start"
@@ -102,17 +112,103 @@ def _barrier(snapshot: SnapshotRecord, stream: StreamConfig) -> bytes:
     return bson.encode(event)
 
 
-def _row(at: Timestamp, suffix: str, db: str, coll: str, document: RawBSONDocument) -> bytes:
+def _row(at: Timestamp, suffix: str, db: str, coll: str, chunk_row: tuple[bytes, bytes]) -> bytes:
+    key, document = chunk_row
     return bson.encode(
         {
             "_id": {"_data": snapshot_event_id(at, suffix)},
             "operationType": SNAPSHOT,
             "clusterTime": at,
             "ns": {"db": db, "coll": coll},
-            "documentKey": {"_id": document["_id"]},
-            "fullDocument": document,  # embedded as its raw bytes
+            # Both embedded as their raw bytes: nothing of a document is ever decoded here.
+            "documentKey": RawBSONDocument(key),
+            "fullDocument": RawBSONDocument(document),
         }
     )
+
+
+def id_key(document: bytes) -> bytes:
+    """`{_id: <value>}` with the document's _id exactly as stored, never decoded: a date
+    outside Python's range, an int32 or int64, -0.0 all stay what they are."""
+    for name, _type, value, size in elements(document):
+        if name == "_id":
+            element = document[value - 5 : value + size]  # type byte, "_id" and its NUL, value
+            return struct.pack("<i", len(element) + 5) + element + b"\x00"
+    raise ValueError("a stored document without _id")
+
+
+def key_to_text(key: bytes) -> str:
+    """Canonical Extended JSON by libbson: lossless for every BSON type (the state store's
+    `last_key`)."""
+    return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
+
+
+def key_from_text(text: str) -> bytes:
+    return bsonjs.loads(text)
+
+
+_MIN_KEY = bson.encode({"_id": MinKey()})
+_MAX_KEY = bson.encode({"_id": MaxKey()})
+
+
+def _in_id_order(
+    database: Database, coll: str, after: bytes | None, batch_size: int
+) -> Iterator[RawBSONDocument]:
+    """The collection's documents after the key `after` (from the start when None), in the
+    _id index's order across BSON types (a $gt query would stay within one type).
+
+    `min` takes the key as raw BSON, so a key Python cannot decode still resumes. It is
+    inclusive (the caller skips the document at `after`), and the server's default upper
+    bound, MaxKey, is exclusive: a document whose _id is MaxKey sorts last and is looked up
+    on its own once the scan is through.
+    """
+    if after == _MAX_KEY:  # only a copy made before MaxKey was handled this way stops there
+        return
+    command = {
+        "find": coll,
+        "filter": {},
+        "hint": {"_id": 1},
+        "min": RawBSONDocument(after or _MIN_KEY),
+        # What the chunk may take, the skipped document and one to see whether more follow;
+        # the server also stops a reply at 16 MB.
+        "batchSize": batch_size,
+    }
+    with database.cursor_command(command, codec_options=RAW_CODEC) as cursor:
+        yield from cursor
+    yield from database[coll].find({"_id": MaxKey()})
+
+
+@dataclass
+class Chunk:
+    rows: list[tuple[bytes, bytes]]  # (the {_id} key, the document), in _id order
+    finished: bool  # the collection has no document after these
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(document) for _, document in self.rows)
+
+
+def read_chunk(
+    database: Database, coll: str, after: bytes | None, max_documents: int, max_bytes: int
+) -> Chunk:
+    """The next documents after `after`: at most `max_documents`, and no more than
+    `max_bytes` unless one document alone is larger (a chunk always takes one). Reading
+    stops at the first document that does not fit, so a chunk of large documents holds about
+    `max_bytes` in memory however many documents the collection has."""
+    rows: list[tuple[bytes, bytes]] = []
+    nbytes = 0
+    documents = _in_id_order(database, coll, after, max_documents + 2)
+    with closing(documents):
+        for index, document in enumerate(documents):
+            raw = bytes(document.raw)  # a memoryview into the reply for large documents
+            key = id_key(raw)
+            if index == 0 and key == after:
+                continue  # min() is inclusive: that one is already copied
+            if len(rows) == max_documents or (rows and nbytes + len(raw) > max_bytes):
+                return Chunk(rows, finished=False)
+            rows.append((key, raw))
+            nbytes += len(raw)
+    return Chunk(rows, finished=True)
 
 
 def copy_chunks(
@@ -138,41 +234,29 @@ def copy_chunks(
             else (None, None)
         )
         raws: list[bytes] = [_barrier(snapshot, stream)] if snapshot.chunks == 0 else []
-        documents: list[RawBSONDocument] = []
+        chunk = Chunk([], finished=True)
         if db is not None and coll is not None:
-            collection = client.get_database(db, codec_options=RAW_CODEC)[coll]
-            # The _id index's order, not $gt: $gt would skip _ids of other BSON types.
-            cursor = collection.find().hint([("_id", 1)]).limit(stream.snapshot_chunk_size + 1)
-            if snapshot.last_key is not None:
-                last = json_util.loads(snapshot.last_key, json_options=CANONICAL)
-                cursor = cursor.min([("_id", last["_id"])])
-            documents = list(cursor)
-            if (
-                snapshot.last_key is not None
-                and documents
-                and bson.encode({"_id": documents[0]["_id"]}) == bson.encode({"_id": last["_id"]})
-            ):
-                documents = documents[1:]  # min() is inclusive: that one is already copied
-            documents = documents[: stream.snapshot_chunk_size]
-        first = snapshot.documents
-        raws += [
-            _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, doc)
-            for n, doc in enumerate(documents)
-            if db is not None and coll is not None
-        ]
+            after = key_from_text(snapshot.last_key) if snapshot.last_key is not None else None
+            database = client.get_database(db, codec_options=RAW_CODEC)
+            chunk = read_chunk(
+                database, coll, after, stream.snapshot_chunk_size, stream.snapshot_chunk_bytes
+            )
+            first = snapshot.documents
+            raws += [
+                _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, row)
+                for n, row in enumerate(chunk.rows)
+            ]
         progress = replace(
             snapshot,
             chunks=snapshot.chunks + 1,
-            documents=snapshot.documents + len(documents),
-            bytes=snapshot.bytes + sum(len(d.raw) for d in documents),
+            documents=snapshot.documents + len(chunk.rows),
+            bytes=snapshot.bytes + chunk.nbytes,
         )
-        if len(documents) == stream.snapshot_chunk_size:
-            progress.last_key = json_util.dumps(
-                {"_id": documents[-1]["_id"]}, json_options=CANONICAL
-            )
-        else:  # this collection is finished
+        if chunk.finished:
             progress.namespace_index += 1
             progress.last_key = None
+        else:
+            progress.last_key = key_to_text(chunk.rows[-1][0])
         done = progress.namespace_index >= len(snapshot.namespaces)
         progress.status = "done" if done else "running"
         batch = None

@@ -57,6 +57,23 @@ CASES = [
         config="streams:\n  - {name: orders, database: d, pipeline: [{$project: {_id: 0}}]}\n",
     ),
     Case(
+        "pipeline drops clusterTime",
+        "it drops clusterTime, which",
+        config="streams:\n  - {name: orders, database: d, pipeline: "
+        "[{$project: {clusterTime: 0}}]}\n",
+    ),
+    Case(
+        "pipeline unsets ns",
+        "it drops ns, which",
+        config="streams:\n  - {name: orders, database: d, pipeline: [{$unset: [ns]}]}\n",
+    ),
+    Case(
+        "pipeline keeps only some fields",
+        "it drops documentKey, which",
+        config="streams:\n  - {name: orders, database: d, pipeline: "
+        "[{$project: {operationType: 1, clusterTime: 1, ns: 1, fullDocument: 1}}]}\n",
+    ),
+    Case(
         "collection name with '..'",
         "not a valid MongoDB collection name",
         config="streams:\n  - {name: orders, database: d, collection: a/../b}\n",

@@ -116,3 +116,49 @@ def test_extended_json_in_a_pipeline_becomes_bson():
     value = stream.mongo_pipeline()[0]["$match"]["wallTime"]["$gte"]
     assert isinstance(value, datetime)
     assert value.replace(tzinfo=UTC) == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("stage", "field", "why"),
+    [
+        ("{$project: {clusterTime: 0}}", "clusterTime", "partitioned and ordered"),
+        ("{$project: {'clusterTime.t': 0}}", "clusterTime", "partitioned and ordered"),
+        ("{$unset: [ns]}", "ns", "namespace"),
+        ("{$unset: ns.coll}", "ns", "namespace"),
+        ("{$unset: [wallTime, documentKey]}", "documentKey", "key"),
+        ("{$project: {operationType: 0}}", "operationType", "what each event does"),
+        ("{$project: {to: 0}}", "to", "rename"),
+        ("{$set: {ns: $$REMOVE}}", "ns", "namespace"),
+        ("{$project: {fullDocument: 1}}", "operationType", "what each event does"),
+        ("{$project: {_id: 1}}", "clusterTime", "partitioned and ordered"),
+        (
+            "{$project: {operationType: 1, clusterTime: 1, ns: 1, 'documentKey._id': 1, to: 1}}",
+            "documentKey",
+            "key",
+        ),
+    ],
+)
+def test_a_stage_that_drops_what_the_raw_zone_or_the_fold_needs_is_named(
+    tmp_path, stage, field, why
+):
+    with pytest.raises(ConfigError) as error:
+        _load(tmp_path, f"streams:\n  - name: a\n    pipeline: [{stage}]\n")
+    message = str(error.value)
+    assert f"it drops {field}," in message and why in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        "{$project: {fullDocumentBeforeChange: 0, 'updateDescription.truncatedArrays': 0}}",
+        "{$unset: [wallTime, lsid, txnNumber]}",
+        "{$project: {operationType: 1, clusterTime: 1, ns: 1, documentKey: 1, to: 1,"
+        " fullDocument: 1}}",
+        "{$project: {_id: 1, operationType: true, clusterTime: 1, ns: 1, documentKey: 1, to: 1}}",
+        "{$set: {note: $$REMOVE, 'fullDocument.secret': $$REMOVE}}",
+    ],
+)
+def test_stages_that_keep_what_tidemark_needs_load(tmp_path, stage):
+    config = _load(tmp_path, f"streams:\n  - name: a\n    pipeline: [{stage}]\n")
+    assert config.stream("a").pipeline

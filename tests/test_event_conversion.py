@@ -8,16 +8,23 @@ import datetime
 import uuid
 from collections.abc import Callable
 
+import bson
+import bsonjs
 import pyarrow as pa
 import pytest
-from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson import SON, Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
 from jobs.bson_batch import RawDocuments
 from jobs.change_stream_reader import ChangeStreamReader
-from jobs.raw_events import array_events_table, events_table, per_event_table
+from jobs.drain import drain, drain_until_caught_up
+from jobs.raw_events import array_events_table, document_json, events_table, per_event_table
+from jobs.tables import read_current
+from jobs.transform import transform
 from resources.mongo import cluster_time
+from tests.helpers.oracle import current_state, source_state
 
 ODD_IDS = [
     1,
@@ -128,3 +135,72 @@ def test_events_the_array_reader_does_not_read_are_converted_one_by_one(every_ki
         assert table.num_rows == len(docs)
         assert table.equals(per_event_table(docs))
         assert table["raw"].to_pylist() == docs.raws()
+
+
+def _insert_event(n: int, document_key: dict) -> bytes:
+    """An insert event laid out as the server writes one, with the given document key."""
+    return bson.encode(
+        {
+            "_id": {"_data": f"82{1000:08X}{n:08X}2B042C0100296E5A1004"},
+            "operationType": "insert",
+            "clusterTime": Timestamp(1000, n),
+            "wallTime": datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+            "fullDocument": {**document_key, "v": n},
+            "ns": {"db": "shop", "coll": "orders"},
+            "documentKey": document_key,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        {"_id": Regex("^a", "i")},
+        {"region": Regex("^eu", "m"), "_id": 7},  # a shard key field before _id
+        {"_id": ObjectId(), "region": Regex("x")},  # and after it
+    ],
+    ids=["regex _id", "regex shard key first", "regex shard key last"],
+)
+def test_a_document_key_holding_a_regex_takes_the_per_event_path(key) -> None:
+    raws = [_insert_event(1, {"_id": 1}), _insert_event(2, key), _insert_event(3, {"_id": "s"})]
+    for docs in (RawDocuments.of(raws), RawDocuments.of(raws[1:2])):
+        assert array_events_table(docs) is None
+        table = events_table(docs)
+        assert table.equals(per_event_table(docs))
+        assert table["raw"].to_pylist() == docs.raws()
+    keys = events_table(RawDocuments.of(raws))["document_key"].to_pylist()
+    in_order = CodecOptions(document_class=SON)  # the key's fields keep the event's order
+    assert list(bson.decode(bsonjs.loads(keys[1]), in_order).items()) == list(key.items())
+    assert keys[0] == '{ "_id" : { "$numberInt" : "1" } }'
+
+
+def test_a_drain_of_document_keys_holding_a_regex_folds_into_current(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+) -> None:
+    """The server refuses a regex _id (code 53), so the regex reaches documentKey the way a
+    pipeline can put one there: the drain, the raw zone and the fold must all take it."""
+    region = {"$regularExpression": {"pattern": "^eu", "options": "i"}}
+    stream = make_stream(pipeline=[{"$set": {"documentKey.region": {"$literal": region}}}])
+    drain(stream, raw_client, sqlite_store, lake)  # the stream's position: now
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": k, "v": k} for k in range(6)])
+    coll.update_one({"_id": 2}, {"$set": {"v": "two"}})
+    coll.delete_one({"_id": 4})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    source = source_state(raw_client, db_name, "orders")
+    assert sorted(got.values()) == sorted(source.values())
+    pattern = Regex("^eu", "i")
+    expected_keys = {
+        bsonjs.dumps(bson.encode({"_id": k, "region": pattern}), mode=bsonjs.CANONICAL)
+        for k in (0, 1, 2, 3, 5)
+    }
+    assert set(got) == expected_keys
+
+
+def test_documents_of_4_kb_and_more_convert_to_json() -> None:
+    """pymongo (4.18+) hands out sub-documents of 4 KB and more as memoryviews."""
+    full = {"_id": 1, "pad": "x" * 5000}
+    raw = bson.encode({"operationType": "insert", "fullDocument": full})
+    assert document_json(raw)[0] == bsonjs.dumps(bson.encode(full), mode=bsonjs.CANONICAL)

@@ -9,18 +9,30 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
+import bson
+import bsonjs
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp, json_util
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.datetime_ms import DatetimeMS
 
 from jobs.drain import drain, drain_until_caught_up
+from jobs.snapshot import key_from_text, read_chunk
 from jobs.tables import read_current
 from jobs.transform import transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
-from tests.helpers.oracle import burst, current_state, make_doc, source_state
+from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state
 from tests.test_failures import roll_oplog_past
 from tidemark.errors import HistoryLost
+from tidemark.tokens import CANONICAL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,3 +170,180 @@ def test_lost_history_fails_or_resnapshots_to_an_exact_state(
         raw.close()
     finally:
         stop_mongod(small)
+
+
+# -- _id order across BSON types, byte-bounded chunks, dates outside Python's range ----------
+
+# Decodes dates outside Python's datetime range as DatetimeMS: the oracle's own key encoding.
+_AUTO = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+# Dates Python's datetime cannot hold: before year 1, after year 9999, and the extremes.
+_FAR_DATES = [
+    DatetimeMS(-(2**62)),
+    DatetimeMS(-62_135_596_800_001),  # one millisecond before 0001-01-01
+    DatetimeMS(253_402_300_800_000),  # 10000-01-01
+    DatetimeMS(2**62),
+]
+
+
+class _Crash(Exception):
+    """A run dying between two committed chunks."""
+
+
+def _crash_after(chunks: int):
+    def hook(snapshot) -> None:
+        if snapshot.chunks == chunks:
+            raise _Crash
+
+    return hook
+
+
+def _raw_source_state(raw_client, db: str, coll: str) -> dict[str, str]:
+    """`source_state` for any _id, dates outside Python's range included."""
+    state = {}
+    for doc in raw_client[db][coll].find():
+        raw = bytes(doc.raw)  # a memoryview for documents of 4 KB and more
+        key = bson.encode({"_id": bson.decode(raw, codec_options=_AUTO)["_id"]})
+        state[canonical(key)] = canonical(raw)
+    return state
+
+
+def _snapshot_rows(store, lake: Path, stream: str) -> list[list[str]]:
+    """The document keys of each snapshot chunk, chunks in copy order."""
+    chunks = []
+    for batch in store.batches(stream, source="snapshot"):
+        table = pa.concat_tables([pq.read_table(lake / f.path) for f in batch.files])
+        rows = table.filter(pc.equal(table["operation_type"], "snapshot"))
+        ids, keys = rows["event_id"].to_pylist(), rows["document_key"].to_pylist()
+        chunks.append(sorted(zip(ids, keys, strict=True)))
+    chunks.sort(key=lambda rows: rows[0][0] if rows else "")
+    return [[key for _, key in rows] for rows in chunks if rows]
+
+
+def _every_type_of_id() -> list:
+    return [
+        MinKey(),
+        MaxKey(),
+        None,
+        -5,
+        0,
+        7,
+        Int64(2**40),
+        2.5,
+        -0.5,
+        Decimal128("3.25"),
+        "",
+        "a",
+        "ü and more",
+        {"a": 1},
+        {"a": {"b": [1, 2]}},
+        {"z": None},
+        Binary(b"\x00\x01", 0),
+        Binary(uuid.UUID(int=7).bytes, 4),
+        ObjectId(),
+        ObjectId(),
+        False,
+        True,
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(2026, 11, 21, tzinfo=UTC),
+        Timestamp(5, 6),
+        Timestamp(7, 1),
+    ]
+
+
+@pytest.mark.parametrize("chunk_size", [2, 3])
+def test_every_bson_type_of_id_is_copied_exactly_once_across_small_chunks_and_a_crash(
+    chunk_size, spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    ids = _every_type_of_id()
+    client[db_name]["orders"].insert_many([{"_id": v, "n": n} for n, v in enumerate(ids)])
+    stream = make_stream(start="snapshot", snapshot_chunk_size=chunk_size)
+    with pytest.raises(_Crash):
+        drain(stream, raw_client, sqlite_store, lake, after_chunk=_crash_after(3))
+    (crashed,) = sqlite_store.snapshots(stream.name)
+    assert crashed.status == "running" and crashed.documents == 3 * chunk_size
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+
+    expected = _raw_source_state(raw_client, db_name, "orders")
+    copied = [key for chunk in _snapshot_rows(sqlite_store, lake, stream.name) for key in chunk]
+    assert sorted(copied) == sorted(expected)  # every document once: none lost, none twice
+    assert all(
+        len(chunk) <= chunk_size for chunk in _snapshot_rows(sqlite_store, lake, stream.name)
+    )
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == expected
+
+
+def test_a_max_key_id_after_the_first_chunk_is_copied(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    client[db_name]["orders"].insert_many(
+        [{"_id": MaxKey()}, {"_id": MinKey()}, *({"_id": k} for k in range(5))]
+    )
+    stream = make_stream(start="snapshot", snapshot_chunk_size=2)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    chunks = _snapshot_rows(sqlite_store, lake, stream.name)
+    assert chunks[-1][-1] == '{ "_id" : { "$maxKey" : 1 } }'
+    assert sum(map(len, chunks)) == 7
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _raw_source_state(raw_client, db_name, "orders")
+
+
+def test_chunks_are_bounded_by_bytes_as_well_as_by_count(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": k, "pad": "x" * 300_000} for k in range(10)])
+    coll.insert_one({"_id": 100, "pad": "y" * 1_500_000})  # larger than the bound: alone
+    coll.insert_many([{"_id": 200 + k} for k in range(5)])
+    stream = make_stream(start="snapshot", snapshot_chunk_size=1000, snapshot_chunk_bytes=1_000_000)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    chunks = _snapshot_rows(sqlite_store, lake, stream.name)
+    # 3 x 300 KB fit in 1 MB, a fourth does not; the 1.5 MB document is a chunk of its own.
+    assert [len(chunk) for chunk in chunks] == [3, 3, 3, 1, 1, 5]
+    (snapshot,) = sqlite_store.snapshots(stream.name)
+    assert snapshot.status == "done" and snapshot.chunks == 6 and snapshot.documents == 16
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _raw_source_state(raw_client, db_name, "orders")
+
+
+def test_ids_and_fields_with_dates_outside_pythons_range_are_copied_and_resumed(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    in_range = [datetime(1, 1, 1, tzinfo=UTC), datetime(2026, 11, 21, tzinfo=UTC)]
+    docs = [{"_id": d, "also": _FAR_DATES[-1 - n]} for n, d in enumerate(_FAR_DATES)]
+    docs += [{"_id": d, "when": _FAR_DATES[0]} for d in in_range]
+    docs += [{"_id": MaxKey(), "when": _FAR_DATES[1]}, {"_id": 1}]
+    client[db_name]["orders"].insert_many(docs)
+    stream = make_stream(start="snapshot", snapshot_chunk_size=2)
+    # In _id order numbers come before dates: the first chunk is 1 and -2**62 ms, so the
+    # position stored after it is a date Python cannot hold.
+    with pytest.raises(_Crash):
+        drain(stream, raw_client, sqlite_store, lake, after_chunk=_crash_after(1))
+    (crashed,) = sqlite_store.snapshots(stream.name)
+    assert crashed.documents == 2
+    assert bsonjs.loads(crashed.last_key) == bson.encode({"_id": _FAR_DATES[0]})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    client[db_name]["orders"].insert_one({"_id": DatetimeMS(-(2**61)), "late": True})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _raw_source_state(raw_client, db_name, "orders")
+    assert len(got) == len(docs) + 1
+
+
+def test_a_position_stored_by_an_earlier_version_resumes(client, raw_client, db_name):
+    """Snapshots left running by the json_util-based copy: their last_key still reads back
+    to the same BSON, and one stopped at a MaxKey _id (whose min() the server refuses) ends."""
+    for value in (5, Int64(2**40), -0.0, "ü", ObjectId(), MinKey(), {"a": [1]}, Timestamp(5, 6)):
+        text = json_util.dumps({"_id": value}, json_options=CANONICAL)
+        assert key_from_text(text) == bson.encode({"_id": value})
+    client[db_name]["orders"].insert_many([{"_id": 1}, {"_id": MaxKey()}])
+    database = raw_client.get_database(db_name)
+    after_max = key_from_text(json_util.dumps({"_id": MaxKey()}, json_options=CANONICAL))
+    chunk = read_chunk(database, "orders", after_max, 10, 1 << 20)
+    assert chunk.finished and chunk.rows == []
+    chunk = read_chunk(database, "orders", bson.encode({"_id": 1}), 10, 1 << 20)
+    assert chunk.finished and [key for key, _ in chunk.rows] == [bson.encode({"_id": MaxKey()})]

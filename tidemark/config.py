@@ -109,6 +109,9 @@ class StreamConfig(BaseModel):
     # continue opens the stream again with startAfter and follows a re-created collection.
     on_invalidate: Literal["stop", "continue"] = "continue"
     snapshot_chunk_size: Annotated[int, Field(gt=0, le=1_000_000)] = 5000
+    # A chunk also ends before this many bytes of documents (one larger document is a chunk of
+    # its own): chunks of large documents would otherwise run out of memory on every retry.
+    snapshot_chunk_bytes: Annotated[int, Field(gt=0)] = 64 << 20
     current_table: bool = True  # fold into the versioned current-state table
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
     schedule: str = "*/5 * * * *"  # cron of the Dagster schedule
@@ -280,7 +283,52 @@ def _stage_problem(stage: dict[str, Any]) -> str | None:
             return "it rewrites _id, the resume token Tidemark needs to resume exactly"
     if operator in ("$set", "$addFields") and isinstance(spec, dict) and "_id" in spec:
         return "it rewrites _id, the resume token Tidemark needs to resume exactly"
+    dropped = _dropped_fields(operator, spec)
+    if dropped:
+        reasons = "; ".join(f"it drops {f}, which {_NEEDED_FIELDS[f]}" for f in dropped)
+        names = ", ".join(dropped[:-1]) + " and " + dropped[-1] if dropped[1:] else dropped[0]
+        them = "them" if dropped[1:] else "it"
+        return (
+            f"{reasons}. Keep {them}: leave {names} out of $unset and exclusions, "
+            f"or list {them} whole in an inclusion $project"
+        )
     return None
+
+
+# The event fields Tidemark reads besides _id, and why a stage may not drop them.
+_NEEDED_FIELDS = {
+    "operationType": "tells the fold what each event does (insert, update, delete, drop, ...)",
+    "clusterTime": "orders the events: the raw zone is partitioned and ordered by it",
+    "ns": "holds the namespace (db and coll) the fold keys every document by",
+    "documentKey": "is each document's key: current holds one row per key",
+    "to": "holds a rename's target, where the fold moves the renamed collection's documents",
+}
+
+
+def _dropped_fields(operator: str, spec: Any) -> list[str]:
+    """The needed fields (or parts of them) a $project, $unset, $set or $addFields removes."""
+
+    def touches(path: str, field: str) -> bool:
+        return path == field or path.startswith(field + ".")
+
+    def removes(value: Any) -> bool:
+        return value in (0, False) or value == "$$REMOVE"
+
+    if operator == "$unset":
+        paths = [spec] if isinstance(spec, str) else [p for p in spec or [] if isinstance(p, str)]
+        return [f for f in _NEEDED_FIELDS if any(touches(p, f) for p in paths)]
+    if not isinstance(spec, dict):
+        return []
+    kept = [k for k, v in spec.items() if k != "_id" and not removes(v)]
+    if operator == "$project" and (kept or list(spec) == ["_id"]):
+        # Inclusion: every field not listed is gone (a sub-path keeps only that part).
+        return [f for f in _NEEDED_FIELDS if f not in spec or removes(spec[f])]
+    if operator in ("$project", "$set", "$addFields"):
+        removed = [k for k, v in spec.items() if isinstance(k, str) and removes(v)]
+        if operator != "$project":  # 0 and false are values there, not exclusions
+            removed = [k for k in removed if spec[k] == "$$REMOVE"]
+        return [f for f in _NEEDED_FIELDS if any(touches(k, f) for k in removed)]
+    return []
 
 
 def load_config(path: Path | str) -> TidemarkConfig:
