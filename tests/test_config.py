@@ -116,3 +116,15 @@ def test_extended_json_in_a_pipeline_becomes_bson():
     value = stream.mongo_pipeline()[0]["$match"]["wallTime"]["$gte"]
     assert isinstance(value, datetime)
     assert value.replace(tzinfo=UTC) == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_when_available_post_images_are_refused_for_the_current_table(tmp_path):
+    text = "streams:\n  - name: a\n    database: d\n    full_document: whenAvailable\n"
+    with pytest.raises(ConfigError, match=r"streams\[0\] \(a\).*whenAvailable") as refused:
+        _load(tmp_path, text)
+    for fix in ("required", "updateLookup", "current_table: false"):
+        assert fix in str(refused.value)
+    # Without the current-state table a missing post-image loses nothing: allowed.
+    change_log_only = _load(tmp_path, text + "    current_table: false\n").stream("a")
+    assert change_log_only.full_document == "whenAvailable"
+    assert StreamConfig(name="b", database="d", full_document="required").current_table
