@@ -216,6 +216,7 @@ def test_a_database_stream_moves_renames_inside_it_and_drops_renames_out_of_it(
     transform(spark, sqlite_store, lake, stream)
     try:
         db.a.rename("inside")
+        # Out of the database: the server (6.0) tells the source database's stream a drop.
         client.admin.command("renameCollection", f"{db_name}.b", to=f"{other}.outside")
         drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         transform(spark, sqlite_store, lake, stream)
