@@ -48,11 +48,11 @@ def document_json_udf(raw: pd.Series) -> pd.DataFrame:
 
 
 def with_json(state: DataFrame) -> DataFrame:
-    """Fill `_tm_json` on rows that lack it, calling Python only for those rows."""
-    have = state.where(F.col("_tm_json").isNotNull())
-    need = state.where(F.col("_tm_json").isNull()).withColumn(
-        "_tm_json", flatten_udf(F.col("_tm_document"))
-    )
+    """Fill `_tm_json` on rows that lack it, calling Python only for those rows (tombstones
+    and barriers have no document, so no JSON)."""
+    missing = F.col("_tm_json").isNull() & ~F.col("_tm_deleted")
+    have = state.where(~missing)
+    need = state.where(missing).withColumn("_tm_json", flatten_udf(F.col("_tm_document")))
     return have.unionByName(need)
 
 

@@ -2,19 +2,45 @@
 
 Event order is the resume token's `_data` (event id), whose server encoding starts with the
 cluster time and keeps the order of events inside a transaction. Per key (namespace +
-document key) the newest event wins: insert / replace / update with a post-image upsert it,
-delete removes it; an update whose post-image is null (the document was gone when the server
-looked it up) changes nothing. drop, dropDatabase, rename and a snapshot's start act on whole
-namespaces, so the events are folded in segments between them, each applied to what came
-before. Snapshot rows are upserts whose event ids sort at the snapshot's time.
+canonical `{_id}` key) the newest event wins: insert / replace / update with a post-image
+upsert it, delete turns it into a tombstone; an update whose post-image is null (the document
+was gone when the server looked it up, and its delete follows) changes nothing.
+
+The state remembers what it removed, so an older event folded late (a replay window before
+the stream's start or before a snapshot, a replay transformed while the incremental drain
+lags) never brings a document back:
+- a delete leaves a tombstone row (`_tm_deleted`, the delete's event id, no document);
+- drop, dropDatabase, rename and a snapshot's start act on whole namespaces: they remove the
+  rows before them in their scope and leave one barrier row per scope (`_tm_key` null,
+  `_tm_coll` null for a database, `_tm_db` null for the whole cluster) with their event id.
+  A keyed event older than a barrier of its namespace is ignored.
+Readers never see tombstones or barriers (`jobs.tables.read_current` filters them). Both are
+rows keyed like the documents, so a later merge-by-key fold keeps working the same way.
+
+A rename moves the source's rows to the target when the target is one the stream watches
+(a database or cluster stream renaming inside its scope); a rename out of the watched scope
+(a collection stream's collection renamed away, a database stream's collection moved to
+another database) removes them, as a drop does: the stream no longer sees their changes.
+An event of the source older than the rename that arrives after it is ignored (the source's
+barrier), not moved: only what the fold knew at the rename moves.
+
+Snapshot rows are upserts whose event ids sort at the snapshot's time. Events are folded in
+segments between namespace events, each segment applied to what came before.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import DataFrame, Window
+import bson
+import bsonjs
+import pandas as pd
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
 
 KEY = ["_tm_db", "_tm_coll", "_tm_key"]
 KEY_OPERATIONS = ["insert", "update", "replace", "delete", "snapshot"]
@@ -23,12 +49,61 @@ NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", "snapshot_start"]
 STATE_COLUMNS = [
     "_tm_db",
     "_tm_coll",
-    "_tm_key",
+    "_tm_key",  # null on a barrier row
     "_tm_document",
     "_tm_event_id",
     "_tm_cluster_time",
     "_tm_json",  # null on rows this fold set: the caller derives it from _tm_document
+    "_tm_deleted",  # tombstones and barriers: never shown to readers
 ]
+
+# Values decoded only to be encoded again: sub-documents stay raw, dates of any range survive.
+_KEY_CODEC = CodecOptions(
+    document_class=RawBSONDocument,
+    tz_aware=True,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+# documentKey forms that already are the canonical `{_id}` key (an _id alone of these types).
+_ID_ONLY = r'^\{ "_id" : \{ "\$(numberInt|numberLong|oid)" : "[^"]*" \} \}$'
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The namespaces a stream watches: a collection, a database (collection None) or all."""
+
+    database: str | None = None
+    collection: str | None = None
+
+    def contains(self, db: str | None, coll: str | None) -> bool:
+        if self.database is None:
+            return True
+        return db == self.database and (self.collection is None or coll == self.collection)
+
+
+def id_key(document_key: str | None) -> str | None:
+    """`{"_id": ...}` of a documentKey, in libbson's canonical Extended JSON.
+
+    On a sharded collection documentKey also holds the shard key's fields (and they change when
+    the shard key is refined), while a snapshot row's key is `{_id}`: `_id` alone is the one
+    key of a document in `current`.
+    """
+    if document_key is None:
+        return None
+    value = RawBSONDocument(bsonjs.loads(document_key), _KEY_CODEC).get("_id")
+    if value is None:
+        return document_key  # no _id to key by: keep what the server gave
+    key = bson.encode({"_id": value}, codec_options=_KEY_CODEC)
+    return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
+
+
+@F.pandas_udf(StringType())
+def id_key_udf(document_keys: pd.Series) -> pd.Series:
+    return document_keys.map(id_key)
+
+
+def canonical_key(document_key: Column) -> Column:
+    """The `_tm_key` of an event's documentKey; Python only for keys not already `{_id}`."""
+    return F.when(document_key.rlike(_ID_ONLY), document_key).otherwise(id_key_udf(document_key))
 
 
 def keyed_events(events: DataFrame) -> DataFrame:
@@ -41,61 +116,104 @@ def keyed_events(events: DataFrame) -> DataFrame:
     ).select(
         F.col("db").alias("_tm_db"),
         F.col("coll").alias("_tm_coll"),
-        F.col("document_key").alias("_tm_key"),
-        F.col("full_document").alias("_tm_document"),
+        canonical_key(F.col("document_key")).alias("_tm_key"),
+        F.when(op != "delete", F.col("full_document")).alias("_tm_document"),
         F.col("event_id").alias("_tm_event_id"),
         F.col("cluster_time").alias("_tm_cluster_time"),
         F.lit(None).cast("string").alias("_tm_json"),
-        op.alias("_op"),
+        (op == "delete").alias("_tm_deleted"),
     )
+
+
+def barriers_of(state: DataFrame) -> DataFrame:
+    """The state's barrier rows: (db, coll, event id) below which a namespace is cleared."""
+    return state.where(F.col("_tm_key").isNull()).select(
+        F.col("_tm_db").alias("_b_db"),
+        F.col("_tm_coll").alias("_b_coll"),
+        F.col("_tm_event_id").alias("_b_event_id"),
+    )
+
+
+def not_cleared(keyed: DataFrame, barriers: DataFrame) -> DataFrame:
+    """Keyed events not older than a barrier of their namespace (a late event stays gone)."""
+    covers = (
+        (F.col("_b_db").isNull() | (F.col("_b_db") == F.col("_tm_db")))
+        & (F.col("_b_coll").isNull() | (F.col("_b_coll") == F.col("_tm_coll")))
+        & (F.col("_tm_event_id") < F.col("_b_event_id"))
+    )
+    return keyed.join(F.broadcast(barriers), covers, "left_anti")
 
 
 def apply_segment(state: DataFrame, events: DataFrame) -> DataFrame:
-    """The newest event per key, applied where it is newer than the row's."""
+    """The newest event per key, applied where it is newer than the row's (tombstones too)."""
     newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
     latest = events.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
-    held = state.select(*KEY, F.col("_tm_event_id").alias("_held_event_id"))
+    held = state.where(F.col("_tm_key").isNotNull()).select(
+        *KEY, F.col("_tm_event_id").alias("_held_event_id")
+    )
     newer = latest.join(held, KEY, "left").where(
         F.col("_held_event_id").isNull() | (F.col("_tm_event_id") > F.col("_held_event_id"))
     )
-    kept = state.join(newer.select(*KEY), KEY, "left_anti")
-    upserts = newer.where(F.col("_op") != "delete").select(*STATE_COLUMNS)
-    return kept.unionByName(upserts)
+    kept = state.join(newer.select(*KEY), KEY, "left_anti")  # barrier rows (null key) stay
+    return kept.unionByName(newer.select(*STATE_COLUMNS))
 
 
-def apply_namespace_event(state: DataFrame, event: Any) -> DataFrame:
-    before = F.col("_tm_event_id") < F.lit(event.event_id)
-    in_db = F.col("_tm_db") == F.lit(event.db)
-    in_coll = in_db & (F.col("_tm_coll") == F.lit(event.coll))
-    if event.operation_type == "snapshot_start":
-        if event.db is None:
-            return state.where(~before)  # a whole-cluster stream
-        return state.where(~((in_coll if event.coll is not None else in_db) & before))
-    if event.operation_type == "dropDatabase":
-        return state.where(~(in_db & before))
-    if event.operation_type == "drop":
-        return state.where(~(in_coll & before))
-    # rename: the target's old documents go (dropTarget), the source's move to the target.
-    in_target = (F.col("_tm_db") == F.lit(event.to_db)) & (
-        F.col("_tm_coll") == F.lit(event.to_coll)
+def _barrier_row(spark: Any, db: str | None, coll: str | None, event: Any) -> DataFrame:
+    return spark.createDataFrame(
+        [(db, coll, None, None, event.event_id, event.cluster_time, None, True)],
+        "_tm_db string, _tm_coll string, _tm_key string, _tm_document string, "
+        "_tm_event_id string, _tm_cluster_time timestamp, _tm_json string, _tm_deleted boolean",
     )
-    state = state.where(~(in_target & before))
-    moving = in_coll & before
-    return state.withColumn(
-        "_tm_db", F.when(moving, F.lit(event.to_db)).otherwise(F.col("_tm_db"))
-    ).withColumn("_tm_coll", F.when(moving, F.lit(event.to_coll)).otherwise(F.col("_tm_coll")))
 
 
-def fold(previous: DataFrame, events: DataFrame) -> DataFrame:
+def _in(db: str | None, coll: str | None) -> Column:
+    """Rows of a scope: a collection, a database (coll None), everything (db None)."""
+    if db is None:
+        return F.lit(True)
+    in_db = F.col("_tm_db").eqNullSafe(F.lit(db))
+    return in_db if coll is None else in_db & F.col("_tm_coll").eqNullSafe(F.lit(coll))
+
+
+def _clear(state: DataFrame, db: str | None, coll: str | None, event: Any) -> DataFrame:
+    """Remove the scope's rows before `event` and leave its barrier."""
+    before = F.col("_tm_event_id") < F.lit(event.event_id)
+    cleared = state.where(~(_in(db, coll) & before))
+    return cleared.unionByName(_barrier_row(state.sparkSession, db, coll, event))
+
+
+def apply_namespace_event(state: DataFrame, event: Any, watched: Watched) -> DataFrame:
+    if event.operation_type == "snapshot_start":
+        return _clear(state, event.db, event.coll, event)
+    if event.operation_type == "dropDatabase":
+        return _clear(state, event.db, None, event)
+    if event.operation_type == "drop":
+        return _clear(state, event.db, event.coll, event)
+    # rename: the source's live rows before it move to the target if the stream watches the
+    # target; the target's old rows go (dropTarget).
+    before = F.col("_tm_event_id") < F.lit(event.event_id)
+    source = _in(event.db, event.coll) & before
+    moving = (
+        state.where(source & ~F.col("_tm_deleted"))
+        .withColumn("_tm_db", F.lit(event.to_db))
+        .withColumn("_tm_coll", F.lit(event.to_coll))
+    )
+    state = _clear(state, event.db, event.coll, event)
+    if not watched.contains(event.to_db, event.to_coll):
+        return state  # out of scope: gone, as with a drop
+    return _clear(state, event.to_db, event.to_coll, event).unionByName(moving)
+
+
+def fold(previous: DataFrame, events: DataFrame, watched: Watched | None = None) -> DataFrame:
     """The new state rows (STATE_COLUMNS): `previous` with `events` folded in, in event order."""
+    watched = watched or Watched()
     barriers = (
         events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
-        .select("event_id", "operation_type", "db", "coll", "to_db", "to_coll")
+        .select("event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time")
         .orderBy("event_id")
         .collect()
     )
-    keyed = keyed_events(events)
     state = previous.select(*STATE_COLUMNS)
+    keyed = not_cleared(keyed_events(events), barriers_of(state))
     lower: str | None = None
     for barrier in [*barriers, None]:
         segment = keyed
@@ -105,7 +223,7 @@ def fold(previous: DataFrame, events: DataFrame) -> DataFrame:
             segment = segment.where(F.col("_tm_event_id") < F.lit(barrier.event_id))
         state = apply_segment(state, segment)
         if barrier is not None:
-            state = apply_namespace_event(state, barrier)
+            state = apply_namespace_event(state, barrier, watched)
             # Cut the lineage: each segment would otherwise re-plan every one before it.
             state = state.localCheckpoint()
             lower = barrier.event_id

@@ -1,8 +1,11 @@
 """The curated zone's layout and its readers.
 
 `<lake>/curated/<stream>/changes/date=YYYY-MM-DD/...`  the change log (Spark skips `_staging`)
-`<lake>/curated/<stream>/current/v=NNNNNN/`            one directory per current-state version
-Readers of `current` go through the state store, which names the committed versions.
+`<lake>/curated/<stream>/current/v=NNNNNN-<run>/`      one directory per current-state version
+Readers of `current` go through the state store, which names the committed versions (each
+transform attempt writes a directory of its own, and only the committed one is ever read).
+A version's files also hold tombstones and namespace barriers (`_tm_deleted`), which the fold
+needs and `read_current` hides.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ META_COLUMNS = [
     "_tm_cluster_time",
     "_tm_json",  # plain JSON of the document, the source of the field columns
 ]
+# In the files only: true on tombstones (deleted keys) and barriers (cleared namespaces).
+DELETED = "_tm_deleted"
 
 
 def curated(lake_root: Path, stream: str) -> Path:
@@ -40,8 +45,10 @@ def current_root(lake_root: Path, stream: str) -> Path:
     return curated(lake_root, stream) / "current"
 
 
-def version_dir_name(version: int) -> str:
-    return f"v={version:06d}"
+def version_dir_name(version: int, run_id: str) -> str:
+    """One directory per attempt: two runs that both think they hold the lease never write
+    (or replace) the same directory, and a committed run's directory is never touched."""
+    return f"v={version:06d}-{run_id}"
 
 
 def has_parquet(path: Path) -> bool:
@@ -79,4 +86,11 @@ def read_current(
                 f"Kept versions: {kept} (raise keep_versions in the streams config to keep more).",
             )
         chosen = matches[0]
-    return spark.read.parquet(str(lake_root / chosen.path))
+    return live_rows(spark.read.parquet(str(lake_root / chosen.path)))
+
+
+def live_rows(frame: Any) -> Any:
+    """The rows readers see: documents, without the fold's tombstones and barriers."""
+    if DELETED not in frame.columns:
+        return frame  # a version written before tombstones existed
+    return frame.where(~frame[DELETED]).drop(DELETED)

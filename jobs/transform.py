@@ -1,13 +1,19 @@
 """One transform run of one stream: committed raw batches -> `changes` and a new `current`.
 
-The run (under the stream's transform lease):
+The run (under the stream's transform lease, renewed between its phases, so a run longer
+than the lease's time keeps it, and one whose lease was taken over stops at the next phase):
 1. finishes what a crashed run left: publishes staged change-log files of committed runs,
-   deletes staging and version directories no committed run owns;
+   deletes staging and version directories no committed run owns, and the files of versions
+   an earlier run marked pruned;
 2. reads the committed batches not yet transformed, drops events already in the change log
    (a replayed or re-delivered batch adds nothing), and stages the new ones by date;
-3. folds them into the previous version of `current` and writes the new version's directory;
-4. commits the run, the version and the batches it consumed in one SQL transaction;
-5. publishes the staged change-log files and prunes versions beyond `keep_versions`.
+3. folds them into the previous version of `current` (or, when `current` has fallen behind
+   the change log because `current_table` was off, folds the whole change log afresh) and
+   writes the new version to a directory of this attempt's own (`v=NNNNNN-<run id>`);
+4. commits the run, the version and the batches it consumed in one fenced SQL transaction;
+5. publishes the staged change-log files and marks versions beyond `keep_versions` pruned;
+   their files stay until the next run, so a reader that resolved one just before this
+   commit can still finish reading it.
 A crash before step 4 leaves the previous version current and is simply run again.
 """
 
@@ -23,7 +29,13 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    BooleanType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from jobs.doc_columns import (
     document_json_udf,
@@ -34,7 +46,7 @@ from jobs.doc_columns import (
     schema_from_json,
     with_json,
 )
-from jobs.fold import STATE_COLUMNS, fold
+from jobs.fold import STATE_COLUMNS, Watched, fold
 from jobs.lake import relative
 from jobs.raw_events import DOCUMENT_FIELDS
 from jobs.tables import (
@@ -58,6 +70,7 @@ STATE_SCHEMA = StructType(
         StructField("_tm_event_id", StringType()),
         StructField("_tm_cluster_time", TimestampType()),
         StructField("_tm_json", StringType()),
+        StructField("_tm_deleted", BooleanType()),
     ]
 )
 
@@ -144,7 +157,29 @@ def _previous_state(
 ) -> DataFrame:
     if latest is None or latest.path is None:
         return spark.createDataFrame([], STATE_SCHEMA)
-    return spark.read.parquet(str(lake_root / latest.path)).select(*STATE_COLUMNS)
+    frame = spark.read.parquet(str(lake_root / latest.path))
+    if "_tm_deleted" not in frame.columns:  # a version written before tombstones existed
+        frame = frame.withColumn("_tm_deleted", F.lit(False))
+    return frame.select(*STATE_COLUMNS)
+
+
+def _behind_change_log(tstate: TransformState, stream: str) -> bool:
+    """True when a committed run extended the change log without folding `current` after its
+    newest version (`current_table` was false then): that version misses those events."""
+    newest = tstate.latest_version(stream)
+    since = newest.version if newest else 0
+    return any(run.path is None and run.version > since for run in tstate.runs(stream))
+
+
+def _stage_new_events(
+    spark: SparkSession, lake_root: Path, stream: str, batches: list[BatchRecord], stage: Path
+) -> DataFrame | None:
+    """The batches' events not yet in the change log, written to `stage`; None if none."""
+    if not batches:
+        return None
+    events = _change_log_rows(_raw_events(spark, lake_root, stream, batches))
+    _only_new(spark, events, lake_root, stream).write.partitionBy("date").parquet(str(stage))
+    return spark.read.parquet(str(stage)) if has_parquet(stage) else None
 
 
 def publish_staged(tstate: TransformState, lake_root: Path, stream: str) -> None:
@@ -179,11 +214,19 @@ def _remove_uncommitted(tstate: TransformState, lake_root: Path, stream: str) ->
                 shutil.rmtree(directory, ignore_errors=True)
 
 
-def _prune(tstate: TransformState, lake_root: Path, stream: str, keep: int) -> None:
+def _mark_pruned(tstate: TransformState, stream: str, keep: int) -> None:
+    """Versions beyond `keep` leave the list readers resolve; their files stay for now."""
     versions = tstate.versions(stream)
     for old in versions[: max(0, len(versions) - keep)]:
-        shutil.rmtree(lake_root / old.path, ignore_errors=True)
         tstate.mark_pruned(stream, old.version)
+
+
+def _delete_pruned(tstate: TransformState, lake_root: Path, stream: str) -> None:
+    """Files of versions an earlier run marked pruned: no reader can resolve them any more,
+    and one that resolved them before that run's commit has had a whole run's time."""
+    for run in tstate.runs(stream):
+        if run.pruned_at is not None and run.path:
+            shutil.rmtree(lake_root / run.path, ignore_errors=True)
 
 
 def transform(
@@ -202,32 +245,33 @@ def transform(
     try:
         publish_staged(tstate, lake_root, stream.name)
         _remove_uncommitted(tstate, lake_root, stream.name)
+        _delete_pruned(tstate, lake_root, stream.name)
         batches = tstate.untransformed_batches(stream.name)
         latest = tstate.latest(stream.name)
-        if not batches:
+        backfill = stream.current_table and _behind_change_log(tstate, stream.name)
+        if not batches and not backfill:
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
         run_number = (latest.version if latest else 0) + 1
         run_id = new_batch_id()
-
-        events = _change_log_rows(_raw_events(spark, lake_root, stream.name, batches))
-        events_read = sum(b.event_count for b in batches)
-        new_events = _only_new(spark, events, lake_root, stream.name)
         stage = staging_dir(lake_root, stream.name, run_id)
-        new_events.write.partitionBy("date").parquet(str(stage))
-        delta = spark.read.parquet(str(stage)) if has_parquet(stage) else None
+        delta = _stage_new_events(spark, lake_root, stream.name, batches, stage)
+        events_read = sum(b.event_count for b in batches)
         added = delta.count() if delta is not None else 0
+        store.renew_lease(lease, LEASE_TTL)  # between phases: LeaseLost if taken over
 
         record = None
         schema_report: dict[str, list[str]] = {}
         rows = None
-        if added:
+        if added or backfill:
             record, schema_report = _new_version(
                 spark, lake_root, stream, tstate, delta, run_number, run_id, added
             )
             rows = record.rows
+        if record is not None and added:
             record = replace(record, changes_staging=relative(lake_root, stage))
         else:
             shutil.rmtree(stage, ignore_errors=True)
+        store.renew_lease(lease, LEASE_TTL)
         if before_commit is not None:
             before_commit()
         tstate.commit(
@@ -235,7 +279,7 @@ def transform(
         )
         publish_staged(tstate, lake_root, stream.name)
         if stream.current_table:
-            _prune(tstate, lake_root, stream.name, stream.keep_versions)
+            _mark_pruned(tstate, stream.name, stream.keep_versions)
         return TransformResult(
             stream=stream.name,
             version=run_number if record is not None and record.path else None,
@@ -256,7 +300,7 @@ def _new_version(
     lake_root: Path,
     stream: StreamConfig,
     tstate: TransformState,
-    delta: DataFrame,
+    delta: DataFrame | None,
     run_number: int,
     run_id: str,
     added: int,
@@ -264,14 +308,15 @@ def _new_version(
     now = datetime.now(UTC)
     if not stream.current_table:
         return CurrentVersion(stream.name, run_number, None, 0, "", 0, added, None, now), {}
-    previous = tstate.latest_version(stream.name)
-    state = with_json(fold(_previous_state(spark, lake_root, previous), delta))
+    previous, events = _fold_input(spark, lake_root, stream.name, tstate, delta)
+    watched = Watched(stream.database, stream.collection)
+    state = with_json(fold(_previous_state(spark, lake_root, previous), events, watched))
     scratch = current_root(lake_root, stream.name) / f"_infer-{run_id}"
     state = state.localCheckpoint()  # the fold and the Python UDF run once, not per action
     inferred = infer_schema(
         spark,
-        state.where(F.col("_tm_event_id").isNotNull())
-        .join(delta.select(F.col("event_id").alias("_tm_event_id")), "_tm_event_id", "left_semi")
+        state.where(F.col("_tm_event_id").isNotNull() & ~F.col("_tm_deleted"))
+        .join(events.select(F.col("event_id").alias("_tm_event_id")), "_tm_event_id", "left_semi")
         .select("_tm_json"),
         scratch,
     )
@@ -279,19 +324,40 @@ def _new_version(
     merged = merge_schemas(old_schema, inferred)
     temp = current_root(lake_root, stream.name) / f"_tmp-{run_id}"
     expand(state, merged).write.parquet(str(temp))
-    rows = spark.read.parquet(str(temp)).count()
-    final = current_root(lake_root, stream.name) / version_dir_name(run_number)
-    shutil.rmtree(final, ignore_errors=True)  # a crashed attempt at this number, never committed
-    os.replace(temp, final)
+    rows = spark.read.parquet(str(temp)).where(~F.col("_tm_deleted")).count()
+    final = current_root(lake_root, stream.name) / version_dir_name(run_number, run_id)
+    os.replace(temp, final)  # this attempt's own name: no other run writes or reads it yet
     record = CurrentVersion(
         stream=stream.name,
         version=run_number,
         path=relative(lake_root, final),
         rows=rows,
         doc_schema=merged.json(),
-        events_folded=added,
+        events_folded=events.count() if previous is None else added,
         changes_added=added,
         changes_staging=None,
         created_at=now,
     )
     return record, schema_changes(old_schema, merged)
+
+
+def _fold_input(
+    spark: SparkSession,
+    lake_root: Path,
+    stream: str,
+    tstate: TransformState,
+    delta: DataFrame | None,
+) -> tuple[CurrentVersion | None, DataFrame]:
+    """The version to fold onto and the events to fold: the new ones onto the newest version,
+    or, when that version misses events of the change log (`current_table` was turned on
+    after runs without it), every event of the change log onto nothing (a backfill)."""
+    if not _behind_change_log(tstate, stream):
+        assert delta is not None
+        return tstate.latest_version(stream), delta
+    logged = changes_dir(lake_root, stream)
+    parts = [spark.read.parquet(str(logged))] if has_parquet(logged) else []
+    parts += [delta] if delta is not None else []
+    events = parts[0]
+    for part in parts[1:]:
+        events = events.unionByName(part, allowMissingColumns=True)
+    return None, events

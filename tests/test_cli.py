@@ -40,7 +40,9 @@ def test_drain_and_status(env, client, db_name, capsys):
 
 def test_changed_definition_then_reset_is_recorded(env, client, db_name, capsys):
     assert main(["drain", "orders"]) == 0
-    env["config"].write_text(env["config"].read_text() + "    full_document: whenAvailable\n")
+    env["config"].write_text(
+        env["config"].read_text() + "    full_document: whenAvailable\n    current_table: false\n"
+    )
     assert main(["drain", "orders"]) == 2
     err = capsys.readouterr().err
     assert "changed since its checkpoint" in err and "Traceback" not in err

@@ -162,3 +162,15 @@ def test_a_stage_that_drops_what_the_raw_zone_or_the_fold_needs_is_named(
 def test_stages_that_keep_what_tidemark_needs_load(tmp_path, stage):
     config = _load(tmp_path, f"streams:\n  - name: a\n    pipeline: [{stage}]\n")
     assert config.stream("a").pipeline
+
+
+def test_when_available_post_images_are_refused_for_the_current_table(tmp_path):
+    text = "streams:\n  - name: a\n    database: d\n    full_document: whenAvailable\n"
+    with pytest.raises(ConfigError, match=r"streams\[0\] \(a\).*whenAvailable") as refused:
+        _load(tmp_path, text)
+    for fix in ("required", "updateLookup", "current_table: false"):
+        assert fix in str(refused.value)
+    # Without the current-state table a missing post-image loses nothing: allowed.
+    change_log_only = _load(tmp_path, text + "    current_table: false\n").stream("a")
+    assert change_log_only.full_document == "whenAvailable"
+    assert StreamConfig(name="b", database="d", full_document="required").current_table

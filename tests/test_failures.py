@@ -98,7 +98,7 @@ def test_changed_pipeline_refuses_to_resume_and_names_reset(raw_client, store, l
 
 def test_changed_options_before_any_position_just_take_effect(store, make_stream):
     store.ensure_stream(make_stream())  # registered, never drained
-    changed = make_stream(full_document="whenAvailable")
+    changed = make_stream(full_document="whenAvailable", current_table=False)
     assert store.ensure_stream(changed).fingerprint == changed.fingerprint()
 
 

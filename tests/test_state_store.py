@@ -65,7 +65,7 @@ def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
     checkpoint = store.ensure_stream(old)
     lease = store.acquire_lease(old.name, timedelta(minutes=5))
     store.commit_batch(lease, checkpoint.version, None, NewPosition(token='{"_data": "82A"}'))
-    new = make_stream(full_document="whenAvailable")
+    new = make_stream(full_document="whenAvailable", current_table=False)
     store.reset_checkpoint(
         lease,
         new,

@@ -179,8 +179,17 @@ class StreamConfig(BaseModel):
         if self.current_table and self.full_document == "default":
             raise ValueError(
                 "this stream feeds the current-state table, which needs the document after each "
-                "update: set full_document to updateLookup (or whenAvailable / required with "
-                "pre- and post-images enabled on the collection), or set current_table: false"
+                "update: set full_document to updateLookup (or required with pre- and "
+                "post-images enabled on the collection), or set current_table: false"
+            )
+        if self.current_table and self.full_document == "whenAvailable":
+            # An update whose post-image is missing (images not enabled, or expired) carries
+            # no document: `current` would keep the old one without a word.
+            raise ValueError(
+                "full_document: whenAvailable gives updates without the document when no "
+                "post-image is available, and the current-state table would silently keep the "
+                "old document: set full_document to required (with pre- and post-images enabled "
+                "on the collection) or updateLookup, or set current_table: false"
             )
         return self
 

@@ -144,3 +144,54 @@ def current_state(frame) -> dict[str, str]:
     state = {r._tm_key: r._tm_document for r in rows}
     assert len(state) == len(rows), "a key appears twice in current"
     return state
+
+
+def capture_events(
+    raw_client: MongoClient,
+    db: str,
+    coll: str | None,
+    start_at: Any,
+    count: int,
+    full_document: str = "updateLookup",
+) -> list[bytes]:
+    """The first `count` real change events from `start_at` (a Timestamp), as raw BSON."""
+    target = raw_client[db] if coll is None else raw_client[db][coll]
+    raws: list[bytes] = []
+    with target.watch(
+        start_at_operation_time=start_at, full_document=full_document, max_await_time_ms=200
+    ) as stream:
+        while len(raws) < count:
+            event = stream.try_next()
+            if event is not None:
+                raws.append(event.raw)
+    return raws
+
+
+def commit_raw_batch(store: Any, lake: Any, stream: str, raws: list[bytes], source: str) -> Any:
+    """`raws` written through the project's raw writer and committed as one batch
+    (no checkpoint move, as a replay's)."""
+    from datetime import timedelta
+
+    from jobs.bson_batch import RawDocuments
+    from jobs.raw_writer import RawBatchWriter
+    from state.store import BatchRecord, new_batch_id
+
+    batch_id = new_batch_id()
+    writer = RawBatchWriter(lake, stream, batch_id)
+    writer.add(RawDocuments.of(raws))
+    writer.close()
+    batch = BatchRecord(
+        id=batch_id,
+        stream=stream,
+        source=source,
+        event_count=len(raws),
+        bytes=sum(map(len, raws)),
+        files=writer.files,
+        events_by_type=dict(writer.counts),
+    )
+    lease = store.acquire_lease(f"{source}:{stream}", timedelta(minutes=1))
+    try:
+        store.commit_batch(lease, None, batch, None)
+    finally:
+        store.release_lease(lease)
+    return batch

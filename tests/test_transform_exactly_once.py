@@ -1,0 +1,290 @@
+"""The transform under real load: late events, sharded keys, stolen leases, readers, backfill."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import bson
+import pytest
+from sqlalchemy import update
+
+import jobs.transform as transform_module
+from jobs.drain import drain, drain_until_caught_up
+from jobs.tables import read_current
+from jobs.transform import LEASE_TTL, transform
+from resources.mongo import cluster_time
+from state import schema
+from state.store import TransformState
+from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
+from tidemark.errors import LeaseLost
+
+# -- 4: deleted documents never come back -----------------------------------------------------
+
+
+def test_an_insert_replayed_after_its_delete_does_not_resurrect_the_document(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    before_start = cluster_time(client)
+    coll.insert_many([{"_id": 1, "v": "old"}, {"_id": 2, "v": "kept"}])  # before the stream
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)  # starts now: the inserts are not seen
+    coll.delete_one({"_id": 1})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    # A replay window from before the stream's start brings the older inserts, late.
+    inserts = capture_events(raw_client, db_name, "orders", before_start, 2)
+    commit_raw_batch(sqlite_store, lake, stream.name, inserts, "replay")
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders")
+    assert len(got) == 1  # _id 2 only: the delete is newer than the replayed insert of _id 1
+
+
+def test_an_insert_replayed_after_its_collection_was_dropped_stays_dropped(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    db = client[db_name]
+    before_start = cluster_time(client)
+    db.gone.insert_one({"_id": 7, "never": "seen"})  # before the stream; unknown to `current`
+    db.kept.insert_one({"_id": 8})
+    stream = make_stream(collection=None)  # the whole database
+    drain(stream, raw_client, sqlite_store, lake)
+    db.gone.drop()
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    late = capture_events(raw_client, db_name, None, before_start, 2)
+    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    assert {(r._tm_coll, r._tm_key) for r in rows} == {
+        ("kept", k) for k in source_state(raw_client, db_name, "kept")
+    }
+    assert "_tm_deleted" not in read_current(spark, sqlite_store, lake, stream.name).columns
+
+
+# -- 5: one key per document, whatever the documentKey holds -----------------------------------
+
+
+def _with_shard_key(raw: bytes, **shard_key: object) -> bytes:
+    """A real change event whose documentKey also holds shard-key fields, as on a sharded
+    collection (`{<shard key fields>, _id}`); everything else is the server's."""
+    event = bson.decode(raw)
+    event["documentKey"] = {**shard_key, "_id": event["documentKey"]["_id"]}
+    return bson.encode(event)
+
+
+def test_snapshot_rows_and_sharded_events_share_one_key_per_document(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    ids = [1, "s", {"a": 1, "b": "x"}, bson.Int64(5)]
+    coll.insert_many([{"_id": i, "region": "eu", "n": 0} for i in ids])
+    stream = make_stream(start="snapshot")
+    assert drain(stream, raw_client, sqlite_store, lake).snapshot.status == "done"
+
+    last = cluster_time(client)  # the snapshot's inserts' time: start just after it
+    start = bson.Timestamp(last.time, last.inc + 1)
+    coll.update_one({"_id": 1}, {"$set": {"n": 1}})
+    coll.update_one({"_id": 1}, {"$set": {"n": 2}})  # after the shard key is refined
+    coll.replace_one({"_id": "s"}, {"_id": "s", "region": "eu", "n": 3})
+    coll.delete_one({"_id": {"a": 1, "b": "x"}})
+    coll.update_one({"_id": bson.Int64(5)}, {"$set": {"n": 4}})
+    coll.insert_one({"_id": 9, "region": "us"})
+    raws = capture_events(raw_client, db_name, "orders", start, 6)
+    refined = {"region": "eu", "zone": 1}
+    sharded = [
+        _with_shard_key(raw, **(refined if n == 1 else {"region": "eu"}))
+        for n, raw in enumerate(raws)
+    ]
+    assert all(len(bson.decode(r)["documentKey"]) >= 2 for r in sharded)
+    commit_raw_batch(sqlite_store, lake, stream.name, sharded, "incremental")
+    transform(spark, sqlite_store, lake, stream)
+
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders")
+    assert len(got) == 4
+
+
+# -- 6: a stolen lease: one committed version, its directory intact ----------------------------
+
+
+def _expire(store, name: str) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(schema.leases)
+            .where(schema.leases.c.stream == name)
+            .values(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+        )
+
+
+def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_version(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "v": 0} for i in range(10)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    coll.update_many({"_id": {"$lt": 5}}, {"$set": {"v": 1}})
+    drain(stream, raw_client, sqlite_store, lake)
+
+    real_expand = transform_module.expand
+    taken_over = []
+
+    def slow_phase(state, schema_):
+        # The first run is still folding when its lease expires and another run takes over,
+        # folds more batches and commits the same version number.
+        if not taken_over:
+            taken_over.append(True)
+            _expire(sqlite_store, f"transform:{stream.name}")
+            coll.delete_many({"_id": {"$gte": 8}})
+            coll.insert_one({"_id": 20, "v": 2})
+            drain(stream, raw_client, sqlite_store, lake)
+            assert transform(spark, sqlite_store, lake, stream).version == 2
+        return real_expand(state, schema_)
+
+    monkeypatch.setattr(transform_module, "expand", slow_phase)
+    with pytest.raises(LeaseLost):
+        transform(spark, sqlite_store, lake, stream)
+    monkeypatch.undo()
+
+    versions = TransformState(sqlite_store).versions(stream.name)
+    assert [v.version for v in versions] == [1, 2]
+    assert (lake / versions[-1].path).is_dir()
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders")
+
+
+def test_the_transform_renews_its_lease_between_phases(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    client[db_name]["orders"].insert_many([{"_id": i} for i in range(5)])
+    drain(stream, raw_client, sqlite_store, lake)
+    seen = []
+
+    def look():
+        with sqlite_store.engine.begin() as conn:
+            row = conn.execute(
+                schema.leases.select().where(schema.leases.c.stream == f"transform:{stream.name}")
+            ).one()
+        seen.append(row)
+
+    transform(spark, sqlite_store, lake, stream, before_commit=look)
+    # Renewed after the fold: the expiry is later than the acquisition's own.
+    assert seen[0].expires_at > seen[0].acquired_at + LEASE_TTL
+
+
+# -- 10: a rename out of the watched scope removes the documents --------------------------------
+
+
+def test_a_collection_streams_collection_renamed_away_leaves_current(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()  # on_invalidate: continue
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i} for i in range(5)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    coll.rename("archived")  # the stream no longer watches these documents
+    assert drain(stream, raw_client, sqlite_store, lake).stop_reason == "invalidate"
+    coll.insert_one({"_id": 100, "recreated": True})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    assert {(r._tm_coll, r._tm_key) for r in rows} == {
+        ("orders", k) for k in source_state(raw_client, db_name, "orders")
+    }
+
+
+def test_a_database_stream_moves_renames_inside_it_and_drops_renames_out_of_it(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    other = f"{db_name}_other"
+    stream = make_stream(collection=None)
+    drain(stream, raw_client, sqlite_store, lake)
+    db = client[db_name]
+    db.a.insert_many([{"_id": i} for i in range(3)])
+    db.b.insert_many([{"_id": i} for i in range(4)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    try:
+        db.a.rename("inside")
+        # Out of the database: the server (6.0) tells the source database's stream a drop.
+        client.admin.command("renameCollection", f"{db_name}.b", to=f"{other}.outside")
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+        assert {(r._tm_db, r._tm_coll, r._tm_key) for r in rows} == {
+            (db_name, "inside", k) for k in source_state(raw_client, db_name, "inside")
+        }
+    finally:
+        client.drop_database(other)
+
+
+# -- 11: pruning keeps the previous version's files for one more run ----------------------------
+
+
+def test_a_reader_of_the_previous_version_finishes_after_the_next_commit(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(keep_versions=1)
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i} for i in range(6)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    expected_first = source_state(raw_client, db_name, "orders")
+    reader = read_current(spark, sqlite_store, lake, stream.name)  # resolved: version 1
+
+    coll.delete_many({"_id": {"$lt": 3}})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).version == 2
+    assert current_state(reader) == expected_first  # its files are still there
+    with pytest.raises(Exception, match="not kept"):
+        read_current(spark, sqlite_store, lake, stream.name, 1)  # but no new reader finds it
+
+    coll.insert_one({"_id": 50})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).version == 3
+    tstate = TransformState(sqlite_store)
+    on_disk = {p.name for p in (lake / "curated" / stream.name / "current").iterdir()}
+    paths = {v.version: v.path.rsplit("/", 1)[-1] for v in tstate.versions(stream.name, True)}
+    assert on_disk == {paths[2], paths[3]}  # version 1's files went in the run after its prune
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+        raw_client, db_name, "orders"
+    )
+
+
+# -- 13c: turning current_table on backfills it from the change log -----------------------------
+
+
+def test_turning_the_current_table_on_backfills_it_from_the_change_log(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    log_only = make_stream(current_table=False)
+    drain(log_only, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "v": i} for i in range(8)])
+    coll.update_many({"_id": {"$lt": 4}}, {"$set": {"v": -1}})
+    coll.delete_one({"_id": 7})
+    drain(log_only, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, log_only).version is None
+
+    stream = make_stream(current_table=True)
+    assert transform(spark, sqlite_store, lake, stream).version == 2  # no new batch needed
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+        raw_client, db_name, "orders"
+    )
+    coll.insert_one({"_id": 30, "v": 30})
+    coll.delete_one({"_id": 0})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders") and len(got) == 7
