@@ -1,6 +1,7 @@
 """The long soak of the torture harness (tests/helpers/torture.py) on its own mongod.
 
     PYTHONPATH=. python scripts/soak.py [--seed N] [--minutes M] [--streams a,b,...]
+                                        [--history-lost] [--keep]
 
 Prints its seed first (a random one unless given), then the table: duration, runs and kills
 by kind, events written and captured, and the oracle's verdict per stream and check. Transforms
@@ -28,6 +29,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="default: a random one")
     parser.add_argument("--minutes", type=float, default=10.0, help="how long the writers write")
     parser.add_argument("--streams", default="", help="a subset of the variants, comma-separated")
+    parser.add_argument(
+        "--history-lost",
+        action="store_true",
+        help="the tiny-oplog variant: on_history_lost: resnapshot streams, oplog rolled past",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     return parser.parse_args()
 
@@ -37,12 +43,15 @@ def main() -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     print(f"soak seed {seed} ({args.minutes:g} minutes of writes)", flush=True)
     work = Path(tempfile.mkdtemp(prefix=f"tidemark-soak-{seed}-"))
-    mongod = start_mongod(work / "mongod")
+    tiny = {"oplog_size_mb": 1, "extra_args": ("--syncdelay", "1")} if args.history_lost else {}
+    mongod = start_mongod(work / "mongod", **tiny)
+    ok = False
     try:
         cfg = TortureConfig(
             seed=seed,
             write_seconds=args.minutes * 60,
             transform_in_child=True,
+            history_lost=args.history_lost,
             streams=tuple(s for s in args.streams.split(",") if s),
         )
         ok, text, _ = run_torture(mongod.uri, work / "lake", f"sqlite:///{work / 'state.db'}", cfg)
@@ -51,7 +60,7 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         stop_mongod(mongod)
-        if not args.keep:
+        if ok and not args.keep:  # a failed soak keeps its lake and state store to look at
             shutil.rmtree(work, ignore_errors=True)
 
 

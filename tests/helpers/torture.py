@@ -607,7 +607,10 @@ class Torture:
             if self.cfg.transform_in_child:
                 outcome = self._child("transform", stream, None)
             else:
-                outcome = self._inproc(lambda s=stream: self._transform(s))
+                try:
+                    outcome = self._inproc(lambda s=stream: self._transform(s))
+                except Exception as exc:  # e.g. Spark finding a committed file gone
+                    outcome = f"CRASH {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             self.log.add(f"final transform {name}: {outcome}")
             if not outcome.startswith("ok"):
                 self.final_errors[f"{name} transform"] = outcome
@@ -1023,6 +1026,7 @@ def report(
         "kills: " + (", ".join(f"{k} {v}" for k, v in sorted(s.kills.items())) or "none"),
         "outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items())),
         "writes: " + ", ".join(f"{k} {v}" for k, v in sorted(t.writers.writes.items())),
+        "snapshots: " + ", ".join(f"{k} {v}" for k, v in sorted(snapshot_reasons(t).items())),
         "",
         f"{'stream':10} {'captured':>8}  " + "  ".join(f"{c:8}" for c in CHECKS),
     ]
@@ -1042,6 +1046,10 @@ def report(
         lines += ["", "failures:"] + [f"  {v.stream}/{v.check}: {v.detail}" for v in failed]
         lines += ["", f"step log (seed {t.cfg.seed}):", t.log.tail(400)]
     return "\n".join(lines)
+
+
+def snapshot_reasons(torture: Torture) -> Counter[str]:
+    return Counter(s.reason for name in torture.streams for s in torture.store.snapshots(name))
 
 
 def run_torture(
