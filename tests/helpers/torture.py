@@ -369,7 +369,7 @@ class Torture:
 
     def run(self) -> None:
         self.log.add(f"seed {self.cfg.seed}: databases {self.db_a}, {self.db_b}")
-        self.t0 = datetime.fromtimestamp(int(cluster_time(self.client).time) - 1, UTC)
+        self.t0 = self._first_second()
         self.writers.seed(random.Random(f"{self.cfg.seed}-seed"))
         time.sleep(1.1)  # the streams start a clock second after the seed: replays go before
         self._start_streams()
@@ -389,6 +389,17 @@ class Torture:
         self._settle()
         self._stop_monitor.set()
         monitor.join()
+
+    def _first_second(self) -> datetime:
+        """The first whole second after the oplog's first entry and before any seed write:
+        replay windows may start there (earlier ones are refused, rightly)."""
+        window = oplog_window(self.client)
+        first = window.first.time + 1 if window is not None else 0
+        # An idle server's cluster time lags the wall clock: the seed writes will not.
+        start = max(first, cluster_time(self.client).time, int(time.time()) + 1)
+        while time.time() < start:  # a write's cluster time is at least its wall time
+            time.sleep(0.1)
+        return datetime.fromtimestamp(start, UTC)
 
     def _start_streams(self) -> None:
         for name, stream in self.streams.items():
@@ -706,7 +717,7 @@ def covers(token: str, event: Ref) -> bool:
 
 # -- the oracle ------------------------------------------------------------------------------
 
-CHECKS = ("current", "changes", "files", "tokens")
+CHECKS = ("current", "changes", "replays", "files", "tokens")
 
 
 @dataclass
@@ -782,6 +793,7 @@ class Oracle:
             expected = self._expected(stream, refs, segs, replays)
             self._check_current(name, stream, refs, expected)
             self._check_changes(name, refs, expected, lost)
+            self._check_replays(name, stream, refs, replays)
             self._check_files(name, batches)
             self._check_tokens(name, refs, segs, batches)
         return self.verdicts
@@ -914,6 +926,33 @@ class Oracle:
             for d in extra
         ]
         self._add(name, "changes", problems, f"{len(want)} expected events, {len(logged)} logged")
+
+    # 2b. each replay batch holds its whole window (the union above hides a partial window
+    # whose events the incremental segments also hold)
+    def _check_replays(
+        self, name: str, stream: StreamConfig, refs: list[Ref], replays: list[Any]
+    ) -> None:
+        problems = []
+        for batch in replays:
+            held = batch_events(self.t.lake, batch)
+            if held is None:
+                continue  # its files are gone: the files check says so
+            want = []
+            for e in refs:
+                if batch.window_start <= e.ts < batch.window_end:
+                    want.append(e)
+                    if e.op == "invalidate" and stream.on_invalidate == "stop":
+                        break
+            lacking = [e for e in want if e.data not in set(held)]
+            if lacking:
+                first = lacking[0]
+                problems.append(
+                    f"replay batch {batch.id} window [{unpack_ts(batch.window_start)}, "
+                    f"{unpack_ts(batch.window_end)}) holds {len(held)} of {len(want)} events; "
+                    f"first missing: {first.op} {first.db}.{first.coll} at {unpack_ts(first.ts)}"
+                    f" (last held op: {batch.events_by_type})"
+                )
+        self._add(name, "replays", problems, f"{len(replays)} replay batches")
 
     # 3. files
     def _check_files(self, name: str, batches: list[Any]) -> None:
