@@ -146,6 +146,7 @@ class Writers:
         self.writes: Counter[str] = Counter()
         self.errors: list[str] = []
         self.threads: list[threading.Thread] = []
+        self.ddl_times: list[tuple[str, float]] = []  # (database, wall time) of each DDL event
 
     def seed(self, rng: random.Random) -> None:
         """Data that exists before any stream starts: replays of windows before the streams'
@@ -232,6 +233,7 @@ class Writers:
 
     def _ddl_event(self, rng: random.Random, a: Any, b: Any) -> None:
         roll = rng.random()
+        at = time.time()
         if roll < 0.35:
             a.ddl.drop()
             a.ddl.insert_many([make_doc(rng, k) for k in range(0, 60, 4)])
@@ -246,6 +248,7 @@ class Writers:
             b.x.insert_many([make_doc(rng, k) for k in range(0, 60, 3)])
             what = "dropDatabase b + recreate"
         self.writes["ddl_events"] += 1
+        self.ddl_times.append((self.db_b if what.startswith("dropDatabase") else self.db_a, at))
         self.log.add(f"writer: {what}")
 
 
@@ -596,10 +599,18 @@ class Torture:
         (an old insert folded after the newer delete that an earlier transform folded)."""
         self._settle_once(self.streams)
         late = self.rng.sample(sorted(self.streams), k=min(3, len(self.streams)))
-        start, end = self.t0, self.t0 + timedelta(seconds=3)
+        late += [n for n in ("ddl_go", "db_b") if n in self.streams and n not in late]
         for name in late:
-            outcome = self._inproc(lambda s=self.streams[name]: self._replay(s, start, end))
-            self.log.add(f"late backfill {name} [{start:%H:%M:%S}, {end:%H:%M:%S}): {outcome}")
+            stream = self.streams[name]
+            windows = [(self.t0, self.t0 + timedelta(seconds=3))]
+            # And a window around the stream's first drop, rename or dropDatabase.
+            ddl = [t for db, t in self.writers.ddl_times if stream.database in (None, db)]
+            if ddl:
+                first = datetime.fromtimestamp(int(ddl[0]), UTC)
+                windows.append((first, first + timedelta(seconds=3)))
+            for start, end in windows:
+                outcome = self._inproc(lambda s=stream, a=start, b=end: self._replay(s, a, b))
+                self.log.add(f"late backfill {name} [{start:%H:%M:%S}, {end:%H:%M:%S}): {outcome}")
         self._settle_once({name: self.streams[name] for name in late})
 
     def _settle_once(self, streams: dict[str, StreamConfig]) -> None:
