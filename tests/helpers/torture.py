@@ -611,7 +611,32 @@ class Torture:
             for start, end in windows:
                 outcome = self._inproc(lambda s=stream, a=start, b=end: self._replay(s, a, b))
                 self.log.add(f"late backfill {name} [{start:%H:%M:%S}, {end:%H:%M:%S}): {outcome}")
+        busy = next((n for n in ("db_a", "ords_tiny", "hist_db") if n in self.streams), late[0])
+        self._replay_under_gc(busy)
+        late += [busy] if busy not in late else []
         self._settle_once({name: self.streams[name] for name in late})
+
+    def _replay_under_gc(self, name: str) -> None:
+        """A long backfill in a child process while gc sweeps back to back: age must not be
+        what keeps an in-flight replay's files safe (min_age_seconds=0)."""
+        start = self.t0
+        end = datetime.fromtimestamp(int(time.time()) - 1, UTC)
+        outcome: list[str] = []
+        child = threading.Thread(
+            target=lambda: outcome.append(
+                self._child("replay", self.streams[name], None, start, end)
+            )
+        )
+        child.start()
+        sweeps = 0
+        while child.is_alive():
+            self._gc()
+            sweeps += 1
+        child.join()
+        self.log.add(
+            f"replay under gc {name} [{start:%H:%M:%S}, {end:%H:%M:%S}): {outcome[0]}; "
+            f"{sweeps} gc sweeps meanwhile"
+        )
 
     def _settle_once(self, streams: dict[str, StreamConfig]) -> None:
         for name, stream in streams.items():
