@@ -1,0 +1,45 @@
+"""The torture test at CI size: steady writers, random interleavings of drains, replays,
+resnapshots, gc and transforms (some in child processes SIGKILLed at random moments), and the
+oracle of tests/helpers/torture.py at the end. A failure prints the seed, the checks that
+failed with their first differences, and the step log; `scripts/soak.py` runs it longer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from resources.embedded_mongo import start_mongod, stop_mongod
+from tests.helpers.torture import TortureConfig, run_torture
+
+# A fixed seed or two; TIDEMARK_TORTURE_SEED runs another one (the soak takes any).
+SEEDS = [int(os.environ["TIDEMARK_TORTURE_SEED"])] if "TIDEMARK_TORTURE_SEED" in os.environ else [7]
+
+SECONDS = float(os.environ.get("TIDEMARK_TORTURE_SECONDS", 30))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_torture(seed, mongod, spark, tmp_path):
+    cfg = TortureConfig(seed=seed, write_seconds=SECONDS)
+    ok, text, _ = run_torture(
+        mongod.uri, tmp_path / "lake", f"sqlite:///{tmp_path / 'state.db'}", cfg, spark
+    )
+    print(text)
+    assert ok, text
+
+
+@pytest.mark.slow
+def test_torture_history_lost_resnapshots(spark, tmp_path):
+    """The tiny-oplog variant: `on_history_lost: resnapshot` streams rolled past, on a mongod
+    of their own (`--oplogSize 1 --syncdelay 1`, see FIELD-NOTES)."""
+    small = start_mongod(tmp_path / "small", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
+    try:
+        cfg = TortureConfig(seed=SEEDS[0], write_seconds=SECONDS / 2, history_lost=True)
+        ok, text, _ = run_torture(
+            small.uri, tmp_path / "lake", f"sqlite:///{tmp_path / 'state.db'}", cfg, spark
+        )
+    finally:
+        stop_mongod(small)
+    print(text)
+    assert ok, text
