@@ -106,7 +106,7 @@ def stream_variants(db_a: str, db_b: str) -> dict[str, dict[str, Any]]:
         "pre": {
             "database": db_a,
             "collection": "pre",
-            "full_document": "whenAvailable",
+            "full_document": "required",
             "full_document_before_change": "whenAvailable",
         },
         "ddl_go": {"database": db_a, "collection": "ddl", "on_invalidate": "continue"},
