@@ -173,8 +173,8 @@ def capture(
                 got.token, got.invalidated, got.stop = batch.token_after, True, "invalidate"
                 return got
             if batch.caught_up:
-                # Only caught-up batches are empty (but a replay's waiting ones): the
-                # postBatchResumeToken moves quiet streams forward too.
+                # Only caught-up batches are empty (and a replay's heartbeats while it waits
+                # for its end): the postBatchResumeToken moves quiet streams forward too.
                 got.token, got.stop = batch.token_after, "caught_up"
                 return got
             if now - waiting_since > END_WAIT_SECONDS:

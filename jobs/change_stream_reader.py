@@ -334,8 +334,11 @@ class ChangeStreamReader:
         )
         caught_up = past_end or (waited and not len(cursor.events) and not self.until_end)
         closed = cursor.id == 0
-        if not len(cursor.events) and not caught_up and not closed:
-            return True  # an aggregate's empty first batch says nothing
+        # An aggregate's empty first batch says nothing; an empty getMore of a reader waiting
+        # for its end goes to the caller, who renews its lease and bounds the wait.
+        heartbeat = waited and self.until_end
+        if not len(cursor.events) and not caught_up and not closed and not heartbeat:
+            return True
         if not self._put(Batch(cursor.events, self._cached_token, caught_up, closed)):
             return False
         if caught_up:

@@ -152,9 +152,11 @@ def drain(
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     ensure_writable(lake_root)
-    store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, LEASE_TTL)
     try:
+        # Under the lease: a run that may not drain must not change the stream's definition
+        # either, or the running one would commit its token under the other's fingerprint.
+        store.ensure_stream(stream)
         snapshot = _snapshot_phase(stream, client, store, lake_root, lease, resnapshot, after_chunk)
         for attempt in (1, 2):
             if snapshot is not None and snapshot.status != "done":

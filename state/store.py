@@ -283,10 +283,12 @@ class StateStore:
                         updated_at=now,
                     )
                 )
+                # The version moves too: a run that began under the old definition can then
+                # no longer commit (compare-and-set), whatever the order of the two.
                 conn.execute(
                     update(schema.checkpoints)
                     .where(schema.checkpoints.c.stream == stream.name)
-                    .values(fingerprint=fingerprint)
+                    .values(fingerprint=fingerprint, version=schema.checkpoints.c.version + 1)
                 )
             checkpoint = self._checkpoint(conn, stream.name)
         assert checkpoint is not None

@@ -12,17 +12,24 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from bson.raw_bson import RawBSONDocument
-from pymongo import MongoClient
+from pymongo import MongoClient, WriteConcern
 
+import jobs.capture_pass as capture_pass
 import jobs.drain as drain_module
 import jobs.replay as replay_module
+from jobs.capture_pass import WindowNotConfirmed
 from jobs.change_stream_reader import ChangeStreamReader
 from jobs.drain import drain, drain_until_caught_up
 from jobs.gc import collect_garbage
 from jobs.replay import replay
 from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
-from tidemark.errors import MongoConnectionError, StreamInvalidated
+from tidemark.errors import (
+    LeaseHeld,
+    MongoConnectionError,
+    StreamDefinitionChanged,
+    StreamInvalidated,
+)
 from tidemark.tokens import token_cluster_time, token_from_json, token_to_json
 
 CRUD_ONLY = [{"$match": {"operationType": {"$in": ["insert", "update", "replace", "delete"]}}}]
@@ -231,3 +238,99 @@ def test_a_lost_connection_during_a_replay_is_a_clear_error(
         client.admin.command("configureFailPoint", "failCommand", mode="off")
         raw.close()
     assert sqlite_store.batches(stream.name) == []
+
+
+def _replay_in_thread(stream, raw_client, store, lake, start, end) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = replay(stream, raw_client, store, lake, start, end)
+        except Exception as error:  # handed to the test
+            out["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _window_with_a_lagging_write(client, db_name: str) -> tuple[datetime, datetime]:
+    """A closed window whose last write is not majority-committed (snapshots are stalled with
+    the disableSnapshotting fail point until the caller turns it off)."""
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    client[db_name]["orders"].insert_one({"_id": "majority"})
+    client.admin.command("configureFailPoint", "disableSnapshotting", mode="alwaysOn")
+    lagging = client[db_name].get_collection("orders", write_concern=WriteConcern(w=1))
+    lagging.insert_one({"_id": "lagging"})
+    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    threading.Event().wait((end - datetime.now(UTC)).total_seconds() + 0.2)
+    client[db_name].get_collection("elsewhere", write_concern=WriteConcern(w=1)).insert_one({})
+    return start, end
+
+
+def test_a_replay_waits_for_majority_commits_instead_of_cutting_its_window(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()
+    try:
+        start, end = _window_with_a_lagging_write(client, db_name)
+        thread, out = _replay_in_thread(stream, raw_client, sqlite_store, lake, start, end)
+        threading.Event().wait(2)  # the replay reads empty getMores meanwhile
+    finally:
+        client.admin.command("configureFailPoint", "disableSnapshotting", mode="off")
+    thread.join(120)
+    assert "error" not in out, out
+    assert out["result"].events == 2
+    assert sorted(_keys(sqlite_store, lake, stream.name)) == [
+        _string_key("lagging"),
+        _string_key("majority"),
+    ]
+
+
+def test_a_replay_whose_end_is_never_confirmed_fails_with_nothing_committed(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    monkeypatch.setattr(capture_pass, "END_WAIT_SECONDS", 2.0)
+    stream = make_stream()
+    try:
+        start, end = _window_with_a_lagging_write(client, db_name)
+        thread, out = _replay_in_thread(stream, raw_client, sqlite_store, lake, start, end)
+        thread.join(120)  # bounds a hang only: the wait is 2 s
+        finished = not thread.is_alive()
+    finally:
+        client.admin.command("configureFailPoint", "disableSnapshotting", mode="off")
+    thread.join(120)
+    assert finished, "the replay waited past END_WAIT_SECONDS"
+    assert isinstance(out.get("error"), WindowNotConfirmed), out
+    assert "nothing was committed" in str(out["error"])
+    assert sqlite_store.batches(stream.name) == []
+
+
+def test_a_definition_changed_during_a_first_drain_is_not_taken_over_by_it(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """A run with a new definition that cannot get the lease must change nothing: otherwise
+    the running drain commits its token under the new fingerprint, and the new definition
+    resumes from a token that skipped what only it would have captured."""
+    since = datetime.now(UTC) - timedelta(seconds=2)
+    inserts_only = make_stream(
+        start=since, pipeline=[{"$match": {"operationType": "insert"}}], current_table=False
+    )
+    everything = make_stream(start=since, current_table=False)
+    orders = client[db_name]["orders"]
+    orders.insert_one({"_id": 1})
+    orders.update_one({"_id": 1}, {"$set": {"x": 1}})
+    refused: list[Exception] = []
+
+    def the_other_definition_runs(_files) -> None:
+        with pytest.raises(LeaseHeld) as held:
+            drain(everything, raw_client, sqlite_store, lake)
+        refused.append(held.value)
+
+    first = drain(
+        inserts_only, raw_client, sqlite_store, lake, before_commit=the_other_definition_runs
+    )
+    assert refused and first.events == 1
+    assert sqlite_store.checkpoint(inserts_only.name).fingerprint == inserts_only.fingerprint()
+    with pytest.raises(StreamDefinitionChanged):
+        drain(everything, raw_client, sqlite_store, lake)

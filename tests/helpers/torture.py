@@ -947,9 +947,9 @@ class Oracle:
     def _source(self, stream: StreamConfig) -> dict[tuple[str, str, str], str]:
         raw = self.t.raw
         if stream.collection is not None:
+            # A collection renamed away leaves a collection stream's scope: its documents
+            # leave `current` (README, "The tables"), so only the watched name is compared.
             names = [(stream.database, stream.collection)]
-            if stream.collection == "ddl":  # the rename target holds what the renames moved
-                names.append((stream.database, "ddl_r"))
         else:
             dbs = [stream.database] if stream.database else [self.t.db_a, self.t.db_b]
             names = [
