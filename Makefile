@@ -7,13 +7,17 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test ui workload browser install lint format check-python check-java mongod-stop clean
+.PHONY: demo test soak ui workload browser install lint format check-python check-java mongod-stop clean
 
 demo: check-java install
 	$(BIN)/tidemark demo
 
 test: check-java install browser
 	$(BIN)/pytest
+
+# The torture harness for as long as you like: make soak [SEED=N] [MINUTES=M] (prints a table).
+soak: check-java install
+	$(BIN)/python scripts/soak.py $(if $(SEED),--seed $(SEED)) --minutes $(or $(MINUTES),10)
 
 # Headless Chromium for the end-to-end UI test: installed from Debian's packages when missing
 # (as root); elsewhere that one test is skipped unless TIDEMARK_REQUIRE_BROWSER=1.
