@@ -621,6 +621,9 @@ class Torture:
         """One clean run of each step: drains until caught up, gc, a transform; then a late
         backfill of the time before the streams' start for a few streams, and its transform
         (an old insert folded after the newer delete that an earlier transform folded)."""
+        lagging = next((n for n in ("ords_tiny", "db_a", "cluster") if n in self.streams), None)
+        if lagging is not None:
+            self._replay_folded_before_the_drain(lagging)
         self._settle_once(self.streams)
         late = self.rng.sample(sorted(self.streams), k=min(3, len(self.streams)))
         late += [n for n in ("ddl_go", "db_b") if n in self.streams and n not in late]
@@ -639,6 +642,41 @@ class Torture:
         self._replay_under_gc(busy)
         late += [busy] if busy not in late else []
         self._settle_once({name: self.streams[name] for name in late})
+
+    def _replay_folded_before_the_drain(self, name: str) -> None:
+        """A replay of a recent window transformed while the incremental drain lags behind
+        it: the window holds a document's delete, the drain brings its older insert only
+        later, and that insert must not bring the document back (tombstones)."""
+        stream = self.streams[name]
+        db = stream.database or self.db_a
+        coll = self.client[db][stream.collection or "orders"]
+        key = f"lagging-{self.cfg.seed}"
+
+        def next_second() -> datetime:
+            moment = datetime.fromtimestamp(int(time.time()) + 1, UTC)
+            time.sleep(max(0.0, moment.timestamp() - time.time()) + 0.05)
+            return moment
+
+        next_second()
+        coll.insert_one({"_id": key})
+        deleted_at = next_second()
+        coll.delete_one({"_id": key})
+        end = next_second() + timedelta(seconds=1)
+        time.sleep(max(0.0, end.timestamp() - time.time()) + 0.2)
+        self.client[db]["elsewhere"].insert_one({})  # the stream's tokens pass the window
+        outcome = self._inproc(lambda: self._replay(stream, deleted_at, end))
+        self.log.add(f"lagging drain {name}: replay of the delete only: {outcome}")
+        self.log.add(
+            f"lagging drain {name}: transform before the drain: {self._final_transform(stream)}"
+        )
+
+    def _final_transform(self, stream: StreamConfig) -> str:
+        if self.cfg.transform_in_child:
+            return self._child("transform", stream, None)
+        try:
+            return self._inproc(lambda s=stream: self._transform(s))
+        except Exception as exc:  # e.g. Spark finding a committed file gone
+            return f"CRASH {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
 
     def _replay_under_gc(self, name: str) -> None:
         """A long backfill in a child process while gc sweeps back to back: age must not be
@@ -675,13 +713,7 @@ class Torture:
                 self.log.add(f"final drain {name}: {type(exc).__name__}: {self.final_errors[name]}")
         self.log.add(f"final gc: {self._inproc(self._gc)}")
         for name, stream in streams.items():
-            if self.cfg.transform_in_child:
-                outcome = self._child("transform", stream, None)
-            else:
-                try:
-                    outcome = self._inproc(lambda s=stream: self._transform(s))
-                except Exception as exc:  # e.g. Spark finding a committed file gone
-                    outcome = f"CRASH {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            outcome = self._final_transform(stream)
             self.log.add(f"final transform {name}: {outcome}")
             if not outcome.startswith("ok"):
                 self.final_errors[f"{name} transform"] = outcome
