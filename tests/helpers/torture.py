@@ -944,13 +944,10 @@ class Oracle:
     ) -> None:
         t = self.t
         versions = TransformState(t.store).versions(name)
-        rows = (
-            read_table(
-                t.lake / versions[-1].path, ["_tm_db", "_tm_coll", "_tm_key", "_tm_document"]
-            )
-            if versions
-            else []
-        )
+        columns = ["_tm_db", "_tm_coll", "_tm_key", "_tm_document", "_tm_deleted"]
+        stored = read_table(t.lake / versions[-1].path, columns) if versions else []
+        # What readers see (jobs.tables.read_current): tombstones and barriers are hidden.
+        rows = [r for r in stored if not r["_tm_deleted"]]
         got: dict[tuple[str, str, str], str] = {}
         problems = []
         for r in rows:
@@ -959,7 +956,7 @@ class Oracle:
                 problems.append(f"key twice in current: {key}")
             got[key] = r["_tm_document"]
         if name in FOLD_STREAMS:
-            want, unsure = python_fold(expected)
+            want, unsure = python_fold(expected, stream.database, stream.collection)
             note = (
                 "compared with a Python fold of the reference events (DDL hidden or stopped); "
                 f"{len(unsure)} keys last set by an update lookup not compared"
@@ -1104,7 +1101,7 @@ class Oracle:
 
 
 def python_fold(
-    events: list[Ref],
+    events: list[Ref], database: str | None, collection: str | None
 ) -> tuple[dict[tuple[str, str, str], str], set[tuple[str, str, str]]]:
     """The reference fold, in event order. Keys whose last event is an update carry a post-image
     looked up at read time (updateLookup), not the drain's: they are not compared ('unsure')."""
@@ -1127,13 +1124,24 @@ def python_fold(
         elif e.op == "dropDatabase":
             state = {k: v for k, v in state.items() if k[0] != e.db}
         elif e.op == "rename" and e.to is not None:
+            # The target's old documents go; the source's move only if the stream watches the
+            # target, else they leave `current` as with a drop (README, "The tables").
+            inside = database is None or (e.to[0] == database and collection in (None, e.to[1]))
             moved = {}
             for k, v in state.items():
                 if (k[0], k[1]) == e.to:
                     continue
-                moved[(*e.to, k[2]) if (k[0], k[1]) == (e.db, e.coll) else k] = v
+                if (k[0], k[1]) == (e.db, e.coll):
+                    if inside:
+                        moved[(*e.to, k[2])] = v
+                    continue
+                moved[k] = v
             state = moved
-            unsure = {(*e.to, k[2]) if (k[0], k[1]) == (e.db, e.coll) else k for k in unsure}
+            unsure = {
+                (*e.to, k[2]) if (k[0], k[1]) == (e.db, e.coll) else k
+                for k in unsure
+                if inside or (k[0], k[1]) != (e.db, e.coll)
+            }
     return state, unsure
 
 
