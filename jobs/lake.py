@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,9 +35,10 @@ def relative(lake_root: Path, path: Path) -> str:
 def ensure_writable(lake_root: Path) -> None:
     try:
         lake_root.mkdir(parents=True, exist_ok=True)
-        probe = lake_root / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # A name of its own per call: runs in threads of one process probe at the same time.
+        handle, probe = tempfile.mkstemp(prefix=".write-probe-", dir=lake_root)
+        os.close(handle)
+        os.unlink(probe)
     except OSError as exc:
         raise LakeError(
             f"The lake directory {lake_root} is not writable: {exc.strerror or exc}.",

@@ -198,3 +198,27 @@ def test_names_from_data_never_reach_a_path(
     assert every_file and all(stream_dir in p.parents for p in every_file)
     rows = committed_table(sqlite_store, lake, stream.name).to_pylist()
     assert {r["coll"] for r in rows} == {collection}
+
+
+def test_runs_in_threads_of_one_process_probe_the_lake_without_tripping_each_other(tmp_path):
+    """The soak found it: two runs in one process shared the write probe's name, and one
+    run's cleanup made the other report the lake as not writable."""
+    import threading
+
+    from jobs.lake import ensure_writable
+
+    errors: list[Exception] = []
+
+    def probe() -> None:
+        for _ in range(300):
+            try:
+                ensure_writable(tmp_path / "lake")
+            except Exception as error:  # collected for the assertion
+                errors.append(error)
+
+    threads = [threading.Thread(target=probe) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
