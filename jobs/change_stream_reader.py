@@ -155,10 +155,9 @@ class ChangeStreamReader:
         self.until_end = until_end
         self.cursor_id = 0
         self.resumes = 0
-        self.initial_token: Any = None
         self._namespace_coll = collection or "$cmd.aggregate"
         self._cached_token: Any = self.options.get("resumeAfter") or self.options.get("startAfter")
-        self.initial_token = self._cached_token
+        self.initial_token: Any = self._cached_token
         self._operation_time: Timestamp | None = self.options.get("startAtOperationTime")
         self._returned_any = False
         self._at_end = False  # the last token reached the caller's end, but not past it
