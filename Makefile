@@ -48,9 +48,11 @@ check-python:
 check-java:
 	@sh scripts/check-java.sh
 
+# Ruff, and the layering contracts in pyproject.toml: an import that points up a layer fails.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format .

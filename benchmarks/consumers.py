@@ -121,7 +121,7 @@ def tidemark_drain(
     """Tidemark's drain: change stream -> typed Arrow -> Parquet, committed with the token."""
     from datetime import timedelta
 
-    from jobs.drain import drain
+    from jobs.capture import drain
     from resources.mongo import connect
     from state.store import NewPosition, StateStore
     from tidemark.config import StreamConfig

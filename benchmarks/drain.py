@@ -230,7 +230,7 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
     waits maxAwaitTimeMS before it answers)."""
     from datetime import timedelta
 
-    from jobs.drain import drain
+    from jobs.capture import drain
     from resources.mongo import connect
     from state.store import NewPosition, StateStore
     from tidemark.config import StreamConfig

@@ -20,7 +20,7 @@ from pathlib import Path
 from pymongo import MongoClient, UpdateOne
 
 from benchmarks.drain import document
-from jobs.drain import drain_until_caught_up
+from jobs.capture import drain_until_caught_up
 from jobs.transform import transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect

@@ -1,4 +1,4 @@
-"""The lake on disk: raw-zone paths, atomic Parquet writes, listing and garbage collection.
+"""The lake on disk: atomic Parquet writes, a writability probe and the sweep of orphans.
 
 A file is written under a hidden temporary name, flushed to disk and renamed into place, so a
 reader never sees half a file. Being in place is not being committed: only files the state
@@ -12,20 +12,13 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.raw_zone import RAW, stream_files
 from tidemark.errors import LakeError
-
-RAW = "raw"
-
-
-def raw_partition(lake_root: Path, stream: str, moment: datetime) -> Path:
-    """`<lake>/raw/<stream>/date=YYYY-MM-DD/hour=HH`: stream names are validated slugs."""
-    return lake_root / RAW / stream / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
 
 
 def relative(lake_root: Path, path: Path) -> str:
@@ -73,14 +66,6 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def stream_files(lake_root: Path, stream: str) -> list[Path]:
-    """Every file in a stream's raw zone, temporaries included."""
-    base = lake_root / RAW / stream
-    if not base.exists():
-        return []
-    return sorted(p for p in base.rglob("*") if p.is_file())
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,11 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from jobs.drain import drain
-from jobs.replay import replay
-from jobs.status import stream_status
+from jobs.capture import drain, replay
+from jobs.ops import stream_status
 from jobs.transform import transform
 from orchestration.metadata import drain_metadata, explained, transform_metadata
-from resources.dagster_resources import (
+from orchestration.resources import (
     LakeResource,
     MongoResource,
     SparkResource,

@@ -2,11 +2,10 @@
 
 import dagster as dg
 
-from jobs.health import source_count, uncommitted_files
-from jobs.status import stream_status
+from jobs.ops import source_count, stream_status, uncommitted_files
 from orchestration.assets import keys
 from orchestration.metadata import explained
-from resources.dagster_resources import LakeResource, MongoResource, StateStoreResource
+from orchestration.resources import LakeResource, MongoResource, StateStoreResource
 from state.store import TransformState
 from tidemark.config import StreamConfig
 

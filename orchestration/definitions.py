@@ -13,7 +13,7 @@ import dagster as dg
 
 from orchestration.assets import keys, stream_assets
 from orchestration.checks import stream_checks
-from resources.dagster_resources import (
+from orchestration.resources import (
     LakeResource,
     MongoResource,
     SparkResource,

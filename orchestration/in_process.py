@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.definitions import build_definitions, sync_job_name
-from resources.dagster_resources import (
+from orchestration.resources import (
     LakeResource,
     MongoResource,
     SparkResource,

@@ -8,8 +8,8 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.drain import DrainResult
-from jobs.status import StreamStatus
+from jobs.capture import DrainResult
+from jobs.ops import StreamStatus
 from jobs.transform import TransformResult
 from tidemark.errors import TidemarkError
 from tidemark.tokens import ts_to_datetime

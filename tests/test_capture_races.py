@@ -14,14 +14,13 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient, WriteConcern
 
-import jobs.capture_pass as capture_pass
-import jobs.drain as drain_module
-import jobs.replay as replay_module
-from jobs.capture_pass import WindowNotConfirmed
-from jobs.change_stream_reader import ChangeStreamReader
-from jobs.drain import drain, drain_until_caught_up
-from jobs.gc import collect_garbage
-from jobs.replay import replay
+import jobs.capture._drain as drain_module
+import jobs.capture._replay as replay_module
+import jobs.capture.capture_pass as capture_pass
+from jobs.capture import drain, drain_until_caught_up, replay
+from jobs.capture.capture_pass import WindowNotConfirmed
+from jobs.capture.reader import ChangeStreamReader
+from jobs.ops import collect_garbage
 from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
 from tidemark.errors import (

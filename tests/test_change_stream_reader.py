@@ -10,7 +10,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from jobs.change_stream_reader import ChangeStreamReader
+from jobs.capture.reader import ChangeStreamReader
 from tests.helpers.lake_reading import direct_events
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from state.store import StateStore
-from tidemark.cli import main
+from tidemark.cli.commands import main
 
 
 @pytest.fixture

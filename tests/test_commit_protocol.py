@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.drain import drain
-from jobs.gc import collect_garbage
+from jobs.capture import drain
+from jobs.ops import collect_garbage
 from state.store import NewPosition, StateStore
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.errors import CheckpointConflict, LeaseHeld, LeaseLost

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.drain import drain, drain_until_caught_up
-from jobs.tables import read_changes, read_current
-from jobs.transform import transform
+from jobs.capture import drain, drain_until_caught_up
+from jobs.transform import read_changes, read_current, transform
 from tests.helpers.lake_reading import direct_events
 from tests.helpers.oracle import burst, current_state, seed_collection, source_state
 from tidemark.tokens import token_from_json

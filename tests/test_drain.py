@@ -13,13 +13,14 @@ import pytest
 from bson import json_util
 from pymongo import monitoring
 
-from jobs.change_stream_reader import CONFIRM_AWAIT_MS
-from jobs.drain import drain, drain_until_caught_up
-from jobs.raw_events import document_json, event_id
+from jobs.capture import drain, drain_until_caught_up
+from jobs.capture._events import event_id
+from jobs.capture.reader import CONFIRM_AWAIT_MS
+from jobs.raw_zone import document_json
 from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table, direct_events
+from tidemark.cli.workload import run_workload
 from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json
-from tidemark.workload import run_workload
 
 
 def _prime(stream, raw_client, store, lake):

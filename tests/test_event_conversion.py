@@ -17,12 +17,12 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from jobs.bson_batch import RawDocuments
-from jobs.change_stream_reader import ChangeStreamReader
-from jobs.drain import drain, drain_until_caught_up
-from jobs.raw_events import array_events_table, document_json, events_table, per_event_table
-from jobs.tables import read_current
-from jobs.transform import transform
+from jobs.capture import drain, drain_until_caught_up
+from jobs.capture._bson import RawDocuments
+from jobs.capture._events import array_events_table, events_table, per_event_table
+from jobs.capture.reader import ChangeStreamReader
+from jobs.raw_zone import document_json
+from jobs.transform import read_current, transform
 from resources.mongo import cluster_time
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state

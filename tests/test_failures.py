@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-from jobs.drain import drain
+from jobs.capture import drain
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect, oplog_window
 from tests.helpers.lake_reading import committed_table

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from jobs.replay import ReplayRefused, replay
+from jobs.capture import ReplayRefused, replay
 from orchestration.definitions import build_definitions
-from resources.dagster_resources import (
+from orchestration.resources import (
     LakeResource,
     MongoResource,
     SparkResource,

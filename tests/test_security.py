@@ -10,14 +10,14 @@ import pytest
 from pymongo import MongoClient
 
 from orchestration.definitions import build_definitions
-from resources.dagster_resources import (
+from orchestration.resources import (
     LakeResource,
     MongoResource,
     SparkResource,
     StateStoreResource,
 )
 from tests.conftest import SECRET
-from tidemark.cli import main
+from tidemark.cli.commands import main
 from tidemark.config import TidemarkConfig
 
 
@@ -81,7 +81,7 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
 def test_a_user_without_change_stream_rights_gets_the_privilege_message(
     auth_mongod, tmp_path, sqlite_store, make_stream
 ):
-    from jobs.drain import drain
+    from jobs.capture import drain
     from resources.mongo import connect
     from tidemark.errors import MongoConnectionError
 

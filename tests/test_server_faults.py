@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from jobs.drain import drain, drain_until_caught_up
+from jobs.capture import drain, drain_until_caught_up
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from state.store import StateStore

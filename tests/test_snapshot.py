@@ -23,10 +23,9 @@ from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp,
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 
-from jobs.drain import drain, drain_until_caught_up
-from jobs.snapshot import key_from_text, read_chunk
-from jobs.tables import read_current
-from jobs.transform import transform
+from jobs.capture import drain, drain_until_caught_up
+from jobs.capture.snapshot import key_from_text, read_chunk
+from jobs.transform import read_current, transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state

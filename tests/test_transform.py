@@ -9,9 +9,8 @@ from datetime import timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from jobs.drain import drain, drain_until_caught_up
-from jobs.tables import read_changes, read_current
-from jobs.transform import transform
+from jobs.capture import drain, drain_until_caught_up
+from jobs.transform import read_changes, read_current, transform
 from state.store import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.oracle import (
     burst,

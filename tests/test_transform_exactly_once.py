@@ -8,10 +8,10 @@ import bson
 import pytest
 from sqlalchemy import update
 
-import jobs.transform as transform_module
-from jobs.drain import drain, drain_until_caught_up
-from jobs.tables import read_current
-from jobs.transform import LEASE_TTL, transform
+import jobs.transform.run as transform_module
+from jobs.capture import drain, drain_until_caught_up
+from jobs.transform import read_current
+from jobs.transform.run import LEASE_TTL, transform
 from resources.mongo import cluster_time
 from state import schema
 from state.store import TransformState

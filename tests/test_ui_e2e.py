@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from resources.embedded_mongo import free_port
-from tidemark.dagster_env import DAGSTER_YAML
+from tidemark.cli.dagster_env import DAGSTER_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = [

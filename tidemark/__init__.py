@@ -1,6 +1,8 @@
 """Tidemark: MongoDB change streams into a Parquet lake, exactly once.
 
-This package holds what every layer shares: the error hierarchy, the streams config, the
-Tidemark home and the operator CLI. The work itself lives in `jobs/`, the state store in
-`state/`, connections in `resources/` and the Dagster wiring in `orchestration/`.
+This package is the ground floor every layer stands on: the error hierarchy (`errors`), the
+streams config (`config`), resume tokens and cluster times (`tokens`), the Tidemark home
+(`settings`) and the shared vocabulary (`vocabulary`). It imports nothing of Tidemark's. The
+application on top (the `tidemark` command, the demo) is `tidemark.cli`; the work is in `jobs/`,
+the state store in `state/`, connections in `resources/`, the Dagster wiring in `orchestration/`.
 """

@@ -18,7 +18,7 @@ def main() -> None:
     stream = StreamConfig.model_validate_json(stream_json)
     store = StateStore(state_url)
     if step == "drain":
-        from jobs.drain import drain
+        from jobs.capture import drain
 
         drain(stream, connect(uri, raw=True), store, Path(lake), flush_rows=150)
     else:

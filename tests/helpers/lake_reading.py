@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from bson.raw_bson import RawBSONDocument
 
-from jobs.raw_events import RAW_SCHEMA
+from jobs.raw_zone import RAW_SCHEMA
 from state.store import StateStore
 
 

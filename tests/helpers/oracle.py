@@ -172,8 +172,8 @@ def commit_raw_batch(store: Any, lake: Any, stream: str, raws: list[bytes], sour
     (no checkpoint move, as a replay's)."""
     from datetime import timedelta
 
-    from jobs.bson_batch import RawDocuments
-    from jobs.raw_writer import RawBatchWriter
+    from jobs.capture._bson import RawDocuments
+    from jobs.capture.writer import RawBatchWriter
     from state.store import BatchRecord, new_batch_id
 
     batch_id = new_batch_id()

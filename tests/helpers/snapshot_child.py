@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.drain import drain
+from jobs.capture import drain
 from resources.mongo import connect
 from state.store import StateStore
 from tidemark.config import StreamConfig

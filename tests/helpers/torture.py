@@ -44,10 +44,9 @@ from bson import MaxKey, MinKey, ObjectId
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from jobs.drain import drain
-from jobs.gc import collect_garbage
-from jobs.reset import reset_stream
-from jobs.tables import changes_dir
+from jobs.capture import drain
+from jobs.ops import collect_garbage, reset_stream
+from jobs.transform.tables import changes_dir
 from resources.mongo import cluster_time, oplog_window
 from state.store import StateStore, TransformState
 from tests.helpers.oracle import burst, canonical, make_doc
@@ -276,8 +275,8 @@ def child_main(argv: list[str]) -> None:
         return
     client = connect(uri, raw=True)
     if kind == "replay":
-        from jobs import raw_writer
-        from jobs.replay import replay
+        from jobs.capture import replay
+        from jobs.capture import writer as raw_writer
 
         # Small files, so a replay has uncommitted files on disk for most of its run, as a
         # window of more than FLUSH_ROWS events has in production.
@@ -573,7 +572,7 @@ class Torture:
         return outcome
 
     def _replay(self, stream: StreamConfig, start: datetime, end: datetime) -> str:
-        from jobs.replay import replay
+        from jobs.capture import replay
 
         result = replay(stream, self.raw, self.store, self.lake, start, end)
         return f"{result.events} events, {result.stop_reason}"
@@ -946,7 +945,7 @@ class Oracle:
         versions = TransformState(t.store).versions(name)
         columns = ["_tm_db", "_tm_coll", "_tm_key", "_tm_document", "_tm_deleted"]
         stored = read_table(t.lake / versions[-1].path, columns) if versions else []
-        # What readers see (jobs.tables.read_current): tombstones and barriers are hidden.
+        # What readers see (jobs.transform.tables.read_current): tombstones and barriers are hidden.
         rows = [r for r in stored if not r["_tm_deleted"]]
         got: dict[tuple[str, str, str], str] = {}
         problems = []

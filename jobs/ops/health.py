@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pymongo import MongoClient
 
-from jobs.lake import relative, stream_files
+from jobs.lake import relative
+from jobs.raw_zone import stream_files
 from state.store import StateStore
 from tidemark.config import StreamConfig
 

@@ -26,9 +26,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.extjson import flatten
-from jobs.fold import STATE_COLUMNS
-from jobs.raw_events import DOCUMENT_FIELDS, document_json
+from jobs.raw_zone import DOCUMENT_FIELDS, document_json
+from jobs.transform.extjson import flatten
+from jobs.transform.fold import STATE_COLUMNS
 
 JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
 

@@ -37,8 +37,8 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from jobs.bson_batch import RawDocuments, elements
-from jobs.raw_writer import RawBatchWriter
+from jobs.capture._bson import RawDocuments, elements
+from jobs.capture.writer import RawBatchWriter
 from resources.mongo import RAW_CODEC, cluster_time
 from state.store import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig

@@ -37,7 +37,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from jobs.doc_columns import (
+from jobs.lake import relative
+from jobs.raw_zone import DOCUMENT_FIELDS
+from jobs.transform.doc_columns import (
     document_json_udf,
     expand,
     infer_schema,
@@ -46,10 +48,8 @@ from jobs.doc_columns import (
     schema_from_json,
     with_json,
 )
-from jobs.fold import STATE_COLUMNS, Watched, fold
-from jobs.lake import relative
-from jobs.raw_events import DOCUMENT_FIELDS
-from jobs.tables import (
+from jobs.transform.fold import STATE_COLUMNS, Watched, fold
+from jobs.transform.tables import (
     changes_dir,
     current_root,
     has_parquet,

@@ -32,10 +32,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from jobs.bson_batch import RawDocuments
-from jobs.change_stream_reader import ChangeStreamReader
-from jobs.raw_writer import RawBatchWriter
-from jobs.stream_errors import translate
+from jobs.capture._bson import RawDocuments
+from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.server_errors import translate
+from jobs.capture.writer import RawBatchWriter
 from state.store import BatchRecord, FileEntry
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError

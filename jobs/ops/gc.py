@@ -14,8 +14,9 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.capture_pass import LEASE_TTL, writer_leases
-from jobs.lake import RAW, SweepResult, sweep_orphans
+from jobs.capture.capture_pass import LEASE_TTL, writer_leases
+from jobs.lake import SweepResult, sweep_orphans
+from jobs.raw_zone import RAW
 from state.store import Lease, StateStore
 from tidemark.errors import LeaseHeld, StateStoreError
 

@@ -14,7 +14,7 @@ lags) never brings a document back:
   rows before them in their scope and leave one barrier row per scope (`_tm_key` null,
   `_tm_coll` null for a database, `_tm_db` null for the whole cluster) with their event id.
   A keyed event older than a barrier of its namespace is ignored.
-Readers never see tombstones or barriers (`jobs.tables.read_current` filters them). Both are
+Readers never see tombstones or barriers (`jobs.transform.read_current` filters them). Both are
 rows keyed like the documents, so a later merge-by-key fold keeps working the same way.
 
 A rename moves the source's rows to the target when the target is one the stream watches

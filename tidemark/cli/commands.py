@@ -15,15 +15,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jobs.drain import DrainResult, drain
-from jobs.gc import collect_garbage
-from jobs.reset import reset_stream
-from jobs.status import stream_status
+from jobs.capture import DrainResult, drain
+from jobs.ops import collect_garbage, reset_stream, stream_status
 from resources.embedded_mongo import ensure_embedded, stop_embedded
+from tidemark.cli.runtime import Runtime, open_runtime
+from tidemark.cli.table import format_table, human_bytes, human_seconds
 from tidemark.errors import TidemarkError
-from tidemark.runtime import Runtime, open_runtime
 from tidemark.settings import Settings
-from tidemark.table import format_table, human_bytes, human_seconds
 from tidemark.tokens import ts_to_datetime
 
 
@@ -121,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "gc":
             return _gc(runtime, args.min_age)
         if args.command == "demo":
-            from tidemark.demo import run_demo
+            from tidemark.cli.demo import run_demo
 
             run_demo(runtime, orders=args.orders)
             return 0
@@ -250,7 +248,7 @@ def _gc(runtime: Runtime, min_age: float) -> int:
 
 
 def _ui(settings: Settings, port: int) -> int:
-    from tidemark.dagster_env import dagster_environment
+    from tidemark.cli.dagster_env import dagster_environment
 
     env = {**os.environ, **dagster_environment(settings)}
     workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
@@ -269,7 +267,7 @@ def _ui(settings: Settings, port: int) -> int:
 
 def _workload(runtime: Runtime, args: argparse.Namespace) -> int:
     from resources.mongo import connect
-    from tidemark.workload import run_workload
+    from tidemark.cli.workload import run_workload
 
     streams = [s for s in runtime.config.streams if s.scope == "collection"]
     if not streams:

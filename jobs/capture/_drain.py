@@ -19,11 +19,11 @@ from typing import Any
 from bson import Timestamp
 from pymongo import MongoClient
 
-from jobs.capture_pass import LEASE_TTL, Capture, PassBounds, batch_record, capture_pass
+from jobs.capture.capture_pass import LEASE_TTL, Capture, PassBounds, batch_record, capture_pass
+from jobs.capture.server_errors import ResumedFromInvalidate
+from jobs.capture.snapshot import begin_snapshot, copy_chunks
+from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
-from jobs.raw_writer import FLUSH_ROWS, RawBatchWriter
-from jobs.snapshot import begin_snapshot, copy_chunks
-from jobs.stream_errors import ResumedFromInvalidate
 from resources.mongo import cluster_time
 from state.store import (
     Checkpoint,

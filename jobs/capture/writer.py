@@ -1,7 +1,7 @@
 """The raw zone's writer: chunks of raw events -> typed Arrow -> Parquet.
 
 Events arrive as whole server replies (`RawDocuments`) and are converted as they arrive, a
-reply at a time, by array reads (`jobs.raw_events`): a few microseconds an event, in the
+reply at a time, by array reads (`jobs.capture._events`): a few microseconds an event, in the
 drain's own process, while its reader thread has the next getMore in flight. (A converter
 process was tried: pickling the chunks and starting the process cost more than converting.)
 A chunk of events is then written as Parquet. The files are only data once the drain
@@ -18,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.bson_batch import RawDocuments, int64_values, mask
-from jobs.lake import raw_partition, relative, write_parquet_atomic
-from jobs.raw_events import events_table
+from jobs.capture._bson import RawDocuments, int64_values, mask
+from jobs.capture._events import events_table
+from jobs.lake import relative, write_parquet_atomic
+from jobs.raw_zone import raw_partition
 from state.store import FileEntry
 
 # A chunk bounds memory (its replies' buffers and their Arrow form) and sizes the files.

@@ -12,15 +12,15 @@ import os
 from typing import Any
 
 from resources.mongo import connect
-from tidemark.runtime import Runtime
-from tidemark.table import format_table, human_bytes
-from tidemark.workload import run_workload
+from tidemark.cli.runtime import Runtime
+from tidemark.cli.table import format_table, human_bytes
+from tidemark.cli.workload import run_workload
 
 
 def run_demo(runtime: Runtime, orders: int = 500) -> None:
     from orchestration.in_process import local_definitions, run_sync
     from resources.spark import spark_session, stop_if_created
-    from tidemark.dagster_env import dagster_home
+    from tidemark.cli.dagster_env import dagster_home
 
     streams = [s for s in runtime.config.streams if s.scope == "collection"]
     if not streams:
@@ -95,7 +95,7 @@ def _utc(timestamp: float) -> str:
 
 
 def show_tables(spark: Any, runtime: Runtime, stream: str) -> None:
-    from jobs.tables import read_changes, read_current
+    from jobs.transform import read_changes, read_current
 
     current = read_current(spark, runtime.store, runtime.lake_root, stream)
     doc_fields = [

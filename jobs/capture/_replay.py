@@ -15,10 +15,16 @@ from pathlib import Path
 from bson import Timestamp
 from pymongo import MongoClient
 
-from jobs.capture_pass import LEASE_TTL, PassBounds, batch_record, capture_pass, replay_lease
-from jobs.drain import DrainResult
+from jobs.capture._drain import DrainResult
+from jobs.capture.capture_pass import (
+    LEASE_TTL,
+    PassBounds,
+    batch_record,
+    capture_pass,
+    replay_lease,
+)
+from jobs.capture.writer import RawBatchWriter
 from jobs.lake import ensure_writable
-from jobs.raw_writer import RawBatchWriter
 from resources.mongo import cluster_time, oplog_window
 from state.store import FileEntry, StateStore, new_batch_id
 from tidemark.config import Budget, StreamConfig

@@ -1,4 +1,4 @@
-"""Change events (raw BSON) to Arrow: the raw zone's schema and the two readers that fill it.
+"""Change events (raw BSON) to Arrow in the raw zone's schema: the two readers that fill it.
 
 The envelope becomes typed columns, the document key canonical Extended JSON, and the whole
 event is kept as its BSON bytes, so every table can be rebuilt from the raw zone. The
@@ -6,7 +6,7 @@ documents themselves (post- and pre-image, update description) stay inside `raw`
 canonical JSON costs more per event than the server takes to produce the event, so it is made
 by the transform, in parallel and off the capture path (`document_json`).
 
-`array_events_table` reads a whole reply with array operations (`jobs.bson_batch`), ~3 us an
+`array_events_table` reads a whole reply with array operations (`jobs.capture._bson`), ~3 us an
 event; `per_event_table` decodes each event with pymongo, ~20 us. They give the same table
 (tests/test_event_conversion.py); the second takes the batches the first does not read.
 """
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from bson.raw_bson import RawBSONDocument
 
-from jobs.bson_batch import (
+from jobs.capture._bson import (
     BINARY,
     DATETIME,
     DOCUMENT,
@@ -42,41 +42,8 @@ from jobs.bson_batch import (
     text_scalar,
     texts,
 )
+from jobs.raw_zone import RAW_SCHEMA, TS, document_key_json
 from resources.mongo import RAW_CODEC
-
-TS = pa.timestamp("us", tz="UTC")
-
-RAW_SCHEMA = pa.schema(
-    [
-        pa.field("event_id", pa.string(), nullable=False),
-        pa.field("operation_type", pa.string(), nullable=False),
-        pa.field("db", pa.string()),
-        pa.field("coll", pa.string()),
-        pa.field("cluster_time", TS, nullable=False),
-        pa.field("cluster_time_inc", pa.int64(), nullable=False),
-        pa.field("wall_time", TS),
-        pa.field("txn_number", pa.int64()),
-        pa.field("lsid", pa.string()),
-        pa.field("to_db", pa.string()),
-        pa.field("to_coll", pa.string()),
-        pa.field("collection_uuid", pa.string()),
-        pa.field("document_key", pa.string()),
-        pa.field("raw", pa.binary(), nullable=False),
-    ]
-)
-
-
-def _json(value: Any) -> str | None:
-    """Canonical Extended JSON straight from the sub-document's BSON bytes (libbson, in C).
-
-    Nested values of a RawBSONDocument stay undecoded, so no Python object is built for the
-    document's fields; the output round-trips to the same bytes (int32 vs int64, -0.0, NaN,
-    dates outside Python's range and all).
-    """
-    if value is None:
-        return None
-    # pymongo 4.18+ hands out sub-documents of 4 KB and more as memoryviews; bsonjs takes bytes.
-    return bsonjs.dumps(bytes(value.raw), mode=bsonjs.CANONICAL)
 
 
 def event_id(raw: bytes) -> str | None:
@@ -128,13 +95,13 @@ class EventColumns:
         c["wall_time"].append(wall if isinstance(wall, datetime) else None)
         c["txn_number"].append(doc.get("txnNumber"))
         lsid = doc.get("lsid")
-        c["lsid"].append(_json(lsid) if lsid is not None else None)
+        c["lsid"].append(document_key_json(lsid) if lsid is not None else None)
         to = doc.get("to")
         c["to_db"].append(to.get("db") if to is not None else None)
         c["to_coll"].append(to.get("coll") if to is not None else None)
         uuid = doc.get("collectionUUID")
         c["collection_uuid"].append(bytes(uuid).hex() if uuid is not None else None)
-        c["document_key"].append(_json(doc.get("documentKey")))
+        c["document_key"].append(document_key_json(doc.get("documentKey")))
         c["raw"].append(raw)
         self.nbytes += len(raw)
 
@@ -147,7 +114,7 @@ class EventColumns:
 
 def events_table(docs: RawDocuments) -> pa.Table:
     """Change events -> the raw zone's table. Whole buffers are read with array operations
-    (`jobs.bson_batch`); a batch holding anything that path does not read takes the
+    (`jobs.capture._bson`); a batch holding anything that path does not read takes the
     per-event path (`EventColumns`), which gives the same table for every event both read."""
     table = array_events_table(docs)
     return per_event_table(docs) if table is None else table
@@ -317,17 +284,3 @@ def _document_json(raw: bytes, offset: int, size: int) -> str:
 
 def _binary_hex(raw: bytes, offset: int, size: int) -> str:
     return raw[offset + 5 : offset + 5 + size].hex()
-
-
-DOCUMENT_FIELDS = {
-    "full_document": "fullDocument",
-    "full_document_before_change": "fullDocumentBeforeChange",
-    "update_description": "updateDescription",
-    "operation_description": "operationDescription",
-}
-
-
-def document_json(raw: bytes) -> tuple[str | None, ...]:
-    """The canonical Extended JSON of an event's documents, in DOCUMENT_FIELDS order."""
-    event = RawBSONDocument(raw)
-    return tuple(_json(event.get(field)) for field in DOCUMENT_FIELDS.values())

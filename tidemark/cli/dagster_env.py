@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tidemark.runtime import resolve_mongodb_uri
+from tidemark.cli.runtime import resolve_mongodb_uri
 from tidemark.settings import Settings
 
 DAGSTER_YAML = """\

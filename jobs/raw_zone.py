@@ -1,0 +1,82 @@
+"""The raw zone: the contract between capture and transform (its schema, paths and documents).
+
+Capture writes one row per change event in RAW_SCHEMA under `<lake>/raw/<stream>/date=/hour=`;
+only files a committed batch lists are data. The envelope is typed columns, the document key
+canonical Extended JSON, and `raw` the whole event's BSON, so every table can be rebuilt from
+here. The documents (post- and pre-image, update description) stay inside `raw`: the transform
+renders them (`document_json`) in parallel and off the capture path.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import bsonjs
+import pyarrow as pa
+from bson.raw_bson import RawBSONDocument
+
+TS = pa.timestamp("us", tz="UTC")
+
+RAW_SCHEMA = pa.schema(
+    [
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("operation_type", pa.string(), nullable=False),
+        pa.field("db", pa.string()),
+        pa.field("coll", pa.string()),
+        pa.field("cluster_time", TS, nullable=False),
+        pa.field("cluster_time_inc", pa.int64(), nullable=False),
+        pa.field("wall_time", TS),
+        pa.field("txn_number", pa.int64()),
+        pa.field("lsid", pa.string()),
+        pa.field("to_db", pa.string()),
+        pa.field("to_coll", pa.string()),
+        pa.field("collection_uuid", pa.string()),
+        pa.field("document_key", pa.string()),
+        pa.field("raw", pa.binary(), nullable=False),
+    ]
+)
+
+
+RAW = "raw"
+
+
+def raw_partition(lake_root: Path, stream: str, moment: datetime) -> Path:
+    """`<lake>/raw/<stream>/date=YYYY-MM-DD/hour=HH`: stream names are validated slugs."""
+    return lake_root / RAW / stream / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
+
+
+def stream_files(lake_root: Path, stream: str) -> list[Path]:
+    """Every file in a stream's raw zone, temporaries included."""
+    base = lake_root / RAW / stream
+    if not base.exists():
+        return []
+    return sorted(p for p in base.rglob("*") if p.is_file())
+
+
+def document_key_json(value: Any) -> str | None:
+    """Canonical Extended JSON straight from the sub-document's BSON bytes (libbson, in C).
+
+    Nested values of a RawBSONDocument stay undecoded, so no Python object is built for the
+    document's fields; the output round-trips to the same bytes (int32 vs int64, -0.0, NaN,
+    dates outside Python's range and all).
+    """
+    if value is None:
+        return None
+    # pymongo 4.18+ hands out sub-documents of 4 KB and more as memoryviews; bsonjs takes bytes.
+    return bsonjs.dumps(bytes(value.raw), mode=bsonjs.CANONICAL)
+
+
+DOCUMENT_FIELDS = {
+    "full_document": "fullDocument",
+    "full_document_before_change": "fullDocumentBeforeChange",
+    "update_description": "updateDescription",
+    "operation_description": "operationDescription",
+}
+
+
+def document_json(raw: bytes) -> tuple[str | None, ...]:
+    """The canonical Extended JSON of an event's documents, in DOCUMENT_FIELDS order."""
+    event = RawBSONDocument(raw)
+    return tuple(document_key_json(event.get(field)) for field in DOCUMENT_FIELDS.values())
