@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import bsonjs
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
+
+# Operation types a snapshot writes into the raw zone beside the server's own: a copied document
+# (`snapshot`, folded like an insert) and the barrier that opens a snapshot of a namespace
+# (`snapshot_start`, which clears it like a drop: documents gone before the copy stay gone).
+SyntheticOperation = Literal["snapshot", "snapshot_start"]
+SNAPSHOT: Final[SyntheticOperation] = "snapshot"
+SNAPSHOT_START: Final[SyntheticOperation] = "snapshot_start"
 
 TS = pa.timestamp("us", tz="UTC")
 

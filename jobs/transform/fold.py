@@ -42,10 +42,12 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
+from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
+
 KEY = ["_tm_db", "_tm_coll", "_tm_key"]
-KEY_OPERATIONS = ["insert", "update", "replace", "delete", "snapshot"]
+KEY_OPERATIONS = ["insert", "update", "replace", "delete", SNAPSHOT]
 # snapshot_start opens a (re-)snapshot: its scope is replaced by the snapshot's rows.
-NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", "snapshot_start"]
+NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", SNAPSHOT_START]
 STATE_COLUMNS = [
     "_tm_db",
     "_tm_coll",
@@ -182,7 +184,7 @@ def _clear(state: DataFrame, db: str | None, coll: str | None, event: Any) -> Da
 
 
 def apply_namespace_event(state: DataFrame, event: Any, watched: Watched) -> DataFrame:
-    if event.operation_type == "snapshot_start":
+    if event.operation_type == SNAPSHOT_START:
         return _clear(state, event.db, event.coll, event)
     if event.operation_type == "dropDatabase":
         return _clear(state, event.db, None, event)
