@@ -7,8 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from state import schema
-from state.store import BatchRecord, FileEntry, NewPosition, StateStore, new_batch_id
+from state import BatchRecord, FileEntry, NewPosition, StateStore, new_batch_id, schema
 from tidemark.errors import StateStoreError
 
 

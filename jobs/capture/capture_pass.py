@@ -36,7 +36,7 @@ from jobs.capture._bson import RawDocuments
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
-from state.store import BatchRecord, FileEntry
+from state import BatchRecord, FileEntry
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
 from tidemark.tokens import pack_ts

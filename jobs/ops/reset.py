@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pymongo import MongoClient
 
 from resources.mongo import cluster_time, oplog_window
-from state.store import NewPosition, StateStore
+from state import NewPosition, StateStore
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime

@@ -56,7 +56,7 @@ from jobs.transform.tables import (
     staging_dir,
     version_dir_name,
 )
-from state.store import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
+from state import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
 from tidemark.config import StreamConfig
 
 LEASE_TTL = timedelta(minutes=30)
