@@ -123,7 +123,7 @@ def tidemark_drain(
 
     from jobs.capture import drain
     from resources.mongo import connect
-    from state.store import NewPosition, StateStore
+    from state import NewPosition, StateStore
     from tidemark.config import StreamConfig
     from tidemark.tokens import token_to_json
 

@@ -232,7 +232,7 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
 
     from jobs.capture import drain
     from resources.mongo import connect
-    from state.store import NewPosition, StateStore
+    from state import NewPosition, StateStore
     from tidemark.config import StreamConfig
 
     cases = {"nothing written since the last run": [], "other collections written to": []}

@@ -25,7 +25,7 @@ from jobs.transform import transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from resources.spark import SparkConfig, spark_session, stop_if_created
-from state.store import StateStore
+from state import StateStore
 from tidemark.config import StreamConfig
 
 UNBOUNDED = {"max_events": None, "max_bytes": None, "max_seconds": None}

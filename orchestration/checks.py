@@ -6,7 +6,7 @@ from jobs.ops import source_count, stream_status, uncommitted_files
 from orchestration.assets import keys
 from orchestration.metadata import explained
 from orchestration.resources import LakeResource, MongoResource, StateStoreResource
-from state.store import TransformState
+from state import TransformState
 from tidemark.config import StreamConfig
 
 

@@ -15,7 +15,7 @@ from pymongo import MongoClient
 
 from resources.mongo import connect
 from resources.spark import SparkConfig, spark_session, stop_if_created
-from state.store import StateStore
+from state import StateStore
 
 
 class MongoResource(dg.ConfigurableResource):

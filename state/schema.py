@@ -42,6 +42,11 @@ class UTCDateTime(TypeDecorator):
         return value.replace(tzinfo=UTC) if value is not None else None
 
 
+def utc_now() -> datetime:
+    """The wall-clock time every row of the store is stamped with (aware, UTC)."""
+    return datetime.now(UTC)
+
+
 metadata = MetaData()
 
 schema_version = Table(
@@ -92,7 +97,7 @@ batches = Table(
     metadata,
     Column("id", String(64), primary_key=True),
     Column("stream", String(64), ForeignKey("tidemark_streams.name"), nullable=False, index=True),
-    Column("source", String(16), nullable=False),  # incremental | replay | snapshot
+    Column("source", String(16), nullable=False),  # records.BatchSource
     Column("epoch", BigInteger, nullable=False),
     Column("event_count", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),
@@ -168,7 +173,7 @@ snapshots = Table(
     Column("chunks", Integer, nullable=False),  # compare-and-set counter of committed chunks
     Column("documents", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),
-    Column("status", String(16), nullable=False),  # running | done
+    Column("status", String(16), nullable=False),  # records.SnapshotStatus
     Column("started_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime),
 )

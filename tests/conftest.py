@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, text
 
 from resources.embedded_mongo import Mongod, start_mongod, stop_mongod
 from resources.mongo import connect
-from state.store import StateStore, normalize_url
+from state import StateStore
+from state.engine import normalize_url
 from tidemark.config import StreamConfig
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"

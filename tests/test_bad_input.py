@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from state import schema
-from state.store import StateStore
+from state import StateStore, schema
 from tests.conftest import SECRET
 from tidemark.cli.commands import main
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from state.store import StateStore
+from state import StateStore
 from tidemark.cli.commands import main
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from jobs.capture import drain
 from jobs.ops import collect_garbage
-from state.store import NewPosition, StateStore
+from state import NewPosition, StateStore
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.errors import CheckpointConflict, LeaseHeld, LeaseLost
 from tidemark.tokens import token_from_json

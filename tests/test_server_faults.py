@@ -15,7 +15,7 @@ import pytest
 from jobs.capture import drain, drain_until_caught_up
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
-from state.store import StateStore
+from state import StateStore
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.tcp_proxy import TcpProxy
 from tests.test_commit_protocol import _start_child, _wait_for

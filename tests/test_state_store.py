@@ -1,14 +1,25 @@
-"""The state store on SQLite and PostgreSQL: schema versioning, manifest, resets, errors."""
+"""The state store on SQLite and PostgreSQL: schema versioning, manifest, resets, errors, and
+the newest-row reads (last batch, running snapshot, latest run and version)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import update
 
-from state import schema
-from state.store import BatchRecord, FileEntry, NewPosition, StateStore, new_batch_id
+from state import (
+    BatchRecord,
+    CurrentVersion,
+    FileEntry,
+    NewPosition,
+    SnapshotRecord,
+    StateStore,
+    TransformState,
+    new_batch_id,
+    schema,
+)
 from tidemark.errors import StateStoreError
 
 
@@ -88,3 +99,99 @@ def test_unreachable_database_is_a_clear_error_without_the_password():
     message = str(refused.value)
     assert "topsecret" not in message and "tm:***@" in message
     assert "TIDEMARK_STATE_URL" in message
+
+
+def _batch(batch_id: str, stream: str, path: str) -> BatchRecord:
+    return BatchRecord(
+        id=batch_id,
+        stream=stream,
+        source="replay",
+        event_count=1,
+        bytes=10,
+        files=[FileEntry(path, 1, 10)],
+    )
+
+
+def test_last_batch_is_the_newest_committed_of_the_stream(store, make_stream):
+    orders, users = make_stream(), make_stream(name="users", collection="users")
+    store.ensure_stream(orders)
+    store.ensure_stream(users)
+    assert store.last_batch(orders.name) is None
+    lease = store.acquire_lease(orders.name, timedelta(minutes=5))
+    # Ids sort against commit order: the newest is the newest committed, not the largest id.
+    for batch_id in ("z-first", "m-second", "a-third"):
+        store.commit_batch(lease, None, _batch(batch_id, orders.name, f"{batch_id}.parquet"), None)
+    other = store.acquire_lease(users.name, timedelta(minutes=5))
+    store.commit_batch(other, None, _batch("zz-users", users.name, "users.parquet"), None)
+    newest = store.last_batch(orders.name)
+    assert newest is not None and newest.id == "a-third"
+    assert newest.files == [FileEntry("a-third.parquet", 1, 10)]
+    assert newest == store.batches(orders.name)[-1]
+
+
+def _snapshot(snapshot_id: str, stream: str, started_at: datetime) -> SnapshotRecord:
+    return SnapshotRecord(
+        id=snapshot_id,
+        stream=stream,
+        reason="initial",
+        cluster_time=7,
+        namespaces=[("db", "orders")],
+        namespace_index=0,
+        last_key=None,
+        chunks=0,
+        documents=0,
+        bytes=0,
+        status="running",
+        started_at=started_at,
+    )
+
+
+def test_running_snapshot_is_the_newest_still_running(store, make_stream):
+    stream = make_stream()
+    store.ensure_stream(stream)
+    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    assert store.running_snapshot(stream.name) is None
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    for n, snapshot_id in enumerate(("s-z", "s-m", "s-a")):
+        store.start_snapshot(
+            lease, _snapshot(snapshot_id, stream.name, t0 + timedelta(hours=n)), "t"
+        )
+    found = store.running_snapshot(stream.name)
+    assert found is not None and found.id == "s-a"
+    assert found.namespaces == [("db", "orders")]
+    newest = replace(store.snapshots(stream.name)[-1], chunks=1)
+    store.commit_snapshot_chunk(lease, newest, None, done=True)
+    found = store.running_snapshot(stream.name)
+    assert found is not None and found.id == "s-m"
+
+
+def _run(stream: str, version: int, path: str | None) -> CurrentVersion:
+    return CurrentVersion(
+        stream=stream,
+        version=version,
+        path=path,
+        rows=version,
+        doc_schema="{}",
+        events_folded=1,
+        changes_added=1,
+        changes_staging=None,
+        created_at=datetime.now(UTC),
+    )
+
+
+def test_latest_run_and_latest_version_are_the_newest(store, make_stream):
+    stream = make_stream()
+    store.ensure_stream(stream)
+    runs = TransformState(store)
+    assert runs.latest(stream.name) is None and runs.latest_version(stream.name) is None
+    lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    runs.commit(lease, stream.name, None, _run(stream.name, 1, "current/v1"), [])
+    runs.commit(lease, stream.name, 1, _run(stream.name, 2, "current/v2"), [])
+    runs.commit(lease, stream.name, 2, _run(stream.name, 3, None), [])  # change log only
+    runs.mark_pruned(stream.name, 2)
+    latest = runs.latest(stream.name)
+    assert latest is not None and (latest.version, latest.path) == (3, None)
+    version = runs.latest_version(stream.name)  # the newest with a path, pruned or not
+    assert version is not None and (version.version, version.path) == (2, "current/v2")
+    assert version.pruned_at is not None
+    assert [v.version for v in runs.versions(stream.name)] == [1]

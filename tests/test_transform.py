@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import read_changes, read_current, transform
-from state.store import BatchRecord, FileEntry, TransformState, new_batch_id
+from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.oracle import (
     burst,
     current_state,

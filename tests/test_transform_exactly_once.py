@@ -13,8 +13,7 @@ from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import read_current
 from jobs.transform.run import LEASE_TTL, transform
 from resources.mongo import cluster_time
-from state import schema
-from state.store import TransformState
+from state import TransformState, schema
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
 from tidemark.errors import LeaseLost
 

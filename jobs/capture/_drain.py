@@ -25,7 +25,7 @@ from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
 from resources.mongo import cluster_time
-from state.store import (
+from state import (
     Checkpoint,
     FileEntry,
     Lease,

@@ -26,7 +26,7 @@ from jobs.capture.capture_pass import (
 from jobs.capture.writer import RawBatchWriter
 from jobs.lake import ensure_writable
 from resources.mongo import cluster_time, oplog_window
-from state.store import FileEntry, StateStore, new_batch_id
+from state import FileEntry, StateStore, new_batch_id
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import TidemarkError
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime

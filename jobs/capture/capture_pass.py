@@ -23,7 +23,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -36,13 +35,12 @@ from jobs.capture._bson import RawDocuments
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
-from state.store import BatchRecord, FileEntry
+from state import BatchRecord, FileEntry
+from state.leases import CAPTURE_LEASE_TTL as LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
 from tidemark.tokens import pack_ts
 
-# The one lease duration of every raw-zone writer (drain, snapshot, replay) and of gc.
-LEASE_TTL = timedelta(minutes=10)
 # How long a replay waits for the server to confirm its window's end (majority lag).
 END_WAIT_SECONDS = 600.0
 

@@ -41,7 +41,7 @@ from jobs.capture._bson import RawDocuments, elements
 from jobs.capture.writer import RawBatchWriter
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
 from resources.mongo import RAW_CODEC, cluster_time
-from state.store import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
+from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
 from tidemark.tokens import pack_ts, unpack_ts
 

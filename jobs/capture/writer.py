@@ -22,7 +22,7 @@ from jobs.capture._bson import RawDocuments, int64_values, mask
 from jobs.capture._events import events_table
 from jobs.lake import relative, write_parquet_atomic
 from jobs.raw_zone import raw_partition
-from state.store import FileEntry
+from state import FileEntry
 
 # A chunk bounds memory (its replies' buffers and their Arrow form) and sizes the files.
 FLUSH_ROWS = 10_000

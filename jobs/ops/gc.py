@@ -17,7 +17,7 @@ from pathlib import Path
 from jobs.capture.capture_pass import LEASE_TTL, writer_leases
 from jobs.lake import SweepResult, sweep_orphans
 from jobs.raw_zone import RAW
-from state.store import Lease, StateStore
+from state import Lease, StateStore
 from tidemark.errors import LeaseHeld, StateStoreError
 
 

@@ -9,7 +9,7 @@ from pymongo import MongoClient
 
 from jobs.lake import relative
 from jobs.raw_zone import stream_files
-from state.store import StateStore
+from state import StateStore
 from tidemark.config import StreamConfig
 
 

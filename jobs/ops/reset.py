@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from pymongo import MongoClient
 
 from resources.mongo import cluster_time, oplog_window
-from state.store import NewPosition, StateStore
+from state import NewPosition, StateStore
+from state.leases import RESET_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
@@ -46,7 +47,7 @@ def reset_stream(
             )
         description = f"time {to_time.isoformat()}"
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(stream.name, timedelta(minutes=1))
+    lease = store.acquire_lease(stream.name, RESET_LEASE_TTL)
     try:
         store.reset_checkpoint(
             lease,

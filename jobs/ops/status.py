@@ -8,7 +8,7 @@ from datetime import datetime
 from pymongo import MongoClient
 
 from resources.mongo import cluster_time, oplog_window
-from state.store import BatchRecord, StateStore
+from state import BatchRecord, StateStore
 from tidemark.config import StreamConfig
 from tidemark.tokens import ts_to_datetime, unpack_ts
 

@@ -24,7 +24,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -56,10 +56,9 @@ from jobs.transform.tables import (
     staging_dir,
     version_dir_name,
 )
-from state.store import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
+from state import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
+from state.leases import TRANSFORM_LEASE_TTL as LEASE_TTL
 from tidemark.config import StreamConfig
-
-LEASE_TTL = timedelta(minutes=30)
 
 STATE_SCHEMA = StructType(
     [

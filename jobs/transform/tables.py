@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from state.store import StateStore, TransformState
+from state import StateStore, TransformState
 from tidemark.errors import TidemarkError
 
 META_COLUMNS = [

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from resources.mongo import connect
-from state.store import StateStore
+from state import StateStore
 from tidemark.config import StreamConfig
 
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from bson.raw_bson import RawBSONDocument
 
 from jobs.raw_zone import RAW_SCHEMA
-from state.store import StateStore
+from state import StateStore
 
 
 def committed_table(store: StateStore, lake: Path, stream: str) -> pa.Table:

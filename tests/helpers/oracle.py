@@ -174,7 +174,7 @@ def commit_raw_batch(store: Any, lake: Any, stream: str, raws: list[bytes], sour
 
     from jobs.capture._bson import RawDocuments
     from jobs.capture.writer import RawBatchWriter
-    from state.store import BatchRecord, new_batch_id
+    from state import BatchRecord, new_batch_id
 
     batch_id = new_batch_id()
     writer = RawBatchWriter(lake, stream, batch_id)

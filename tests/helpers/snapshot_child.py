@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jobs.capture import drain
 from resources.mongo import connect
-from state.store import StateStore
+from state import StateStore
 from tidemark.config import StreamConfig
 
 

@@ -48,7 +48,7 @@ from jobs.capture import drain
 from jobs.ops import collect_garbage, reset_stream
 from jobs.transform.tables import changes_dir
 from resources.mongo import cluster_time, oplog_window
-from state.store import StateStore, TransformState
+from state import StateStore, TransformState
 from tests.helpers.oracle import burst, canonical, make_doc
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseHeld, StreamInvalidated, TidemarkError

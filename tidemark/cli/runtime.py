@@ -14,7 +14,7 @@ from pymongo import MongoClient
 
 from resources.embedded_mongo import ensure_embedded
 from resources.mongo import connect
-from state.store import StateStore
+from state import StateStore
 from tidemark.config import TidemarkConfig, load_config
 from tidemark.settings import Settings
 

@@ -1,0 +1,215 @@
+"""Streams and their checkpoints: registration, compare-and-set moves, and explicit resets.
+
+A checkpoint carries a version. A run reads it when it starts and names it when it commits;
+the checkpoint moves only if that version is still the current one, so of two runs that
+started from the same checkpoint at most one commits. Explicit moves (reset, snapshot) also
+bump the version, and leave a line in the reset history.
+
+Every function takes the open transaction's connection; the store opens the transactions.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from state import schema
+from state.records import Checkpoint, NewPosition
+from state.schema import utc_now
+from tidemark.config import StreamConfig, describe_definition_change
+from tidemark.errors import CheckpointConflict, StreamDefinitionChanged
+
+
+def ensure_stream(conn: Connection, stream: StreamConfig) -> Checkpoint:
+    """Register `stream`, or check that its definition still matches its checkpoint.
+
+    1. A new stream: register it with an empty checkpoint at version 0.
+    2. A changed definition and a checkpoint with a position: refuse (a resume token is only
+       valid for the definition it came from).
+    3. A changed definition and no position yet: take the new one, and bump the version.
+
+    Raises:
+        StreamDefinitionChanged: the definition changed since the checkpoint was taken.
+    """
+    definition = stream.token_definition()
+    fingerprint = stream.fingerprint()
+    row = conn.execute(select(schema.streams).where(schema.streams.c.name == stream.name)).first()
+    if row is None:
+        _register(conn, stream)
+    elif row.fingerprint != fingerprint:
+        checkpoint = read_checkpoint(conn, stream.name)
+        if checkpoint is not None and checkpoint.has_position:
+            change = describe_definition_change(json.loads(row.definition), definition)
+            raise StreamDefinitionChanged(
+                f"Stream {stream.name!r} changed since its checkpoint was taken ({change}), "
+                "and a resume token is only valid for the definition it came from, so "
+                "Tidemark will not resume it.",
+                f"Restore the old definition, or run `tidemark reset {stream.name} "
+                "--to-now` (or --to-time T) to start the new definition from a chosen "
+                "point; the reset is recorded in the state store.",
+            )
+        conn.execute(
+            update(schema.streams)
+            .where(schema.streams.c.name == stream.name)
+            .values(
+                fingerprint=fingerprint,
+                definition=json.dumps(definition, default=str),
+                updated_at=utc_now(),
+            )
+        )
+        # The version moves too: a run that began under the old definition can then no
+        # longer commit (compare-and-set), whatever the order of the two.
+        conn.execute(
+            update(schema.checkpoints)
+            .where(schema.checkpoints.c.stream == stream.name)
+            .values(fingerprint=fingerprint, version=schema.checkpoints.c.version + 1)
+        )
+    checkpoint = read_checkpoint(conn, stream.name)
+    assert checkpoint is not None
+    return checkpoint
+
+
+def ensure_stream_row(conn: Connection, stream: StreamConfig) -> None:
+    """Register `stream` if it is new, without checking its definition."""
+    exists = conn.execute(
+        select(schema.streams.c.name).where(schema.streams.c.name == stream.name)
+    ).first()
+    if exists is None:
+        _register(conn, stream)
+
+
+def _register(conn: Connection, stream: StreamConfig) -> None:
+    now = utc_now()
+    fingerprint = stream.fingerprint()
+    conn.execute(
+        insert(schema.streams).values(
+            name=stream.name,
+            fingerprint=fingerprint,
+            definition=json.dumps(stream.token_definition(), default=str),
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    conn.execute(
+        insert(schema.checkpoints).values(
+            stream=stream.name,
+            token_is_invalidate=False,
+            fingerprint=fingerprint,
+            version=0,
+            updated_at=now,
+        )
+    )
+
+
+def read_checkpoint(conn: Connection, stream: str) -> Checkpoint | None:
+    """The stream's checkpoint; None for a stream never registered."""
+    row = conn.execute(
+        select(schema.checkpoints).where(schema.checkpoints.c.stream == stream)
+    ).first()
+    if row is None:
+        return None
+    return Checkpoint(
+        stream=row.stream,
+        token=row.token,
+        token_is_invalidate=bool(row.token_is_invalidate),
+        start_at_operation_time=row.start_at_operation_time,
+        cluster_time=row.cluster_time,
+        fingerprint=row.fingerprint,
+        version=row.version,
+        updated_at=row.updated_at,
+    )
+
+
+def stream_names(conn: Connection) -> list[str]:
+    """Every registered stream."""
+    return list(conn.execute(select(schema.streams.c.name)).scalars())
+
+
+def compare_and_set(
+    conn: Connection, stream: str, expected_version: int, position: NewPosition
+) -> int:
+    """Move the checkpoint to `position` if it is still at `expected_version`; the new version.
+
+    Raises:
+        CheckpointConflict: the checkpoint moved since the run read it.
+    """
+    checkpoints = schema.checkpoints
+    new_version = expected_version + 1
+    done = conn.execute(
+        update(checkpoints)
+        .where(checkpoints.c.stream == stream, checkpoints.c.version == expected_version)
+        .values(**position.columns(), version=new_version, updated_at=utc_now())
+    )
+    if done.rowcount != 1:
+        raise CheckpointConflict(
+            f"The checkpoint of stream {stream!r} moved while this run drained "
+            f"(expected version {expected_version}); nothing was committed.",
+            "Run the drain again: it starts from the new checkpoint.",
+        )
+    return new_version
+
+
+def reset_to(
+    conn: Connection,
+    stream: StreamConfig,
+    position: NewPosition,
+    description: str,
+    actor: str,
+) -> None:
+    """Make `stream`'s definition the registered one and move its checkpoint to `position`."""
+    now = utc_now()
+    conn.execute(
+        update(schema.streams)
+        .where(schema.streams.c.name == stream.name)
+        .values(
+            fingerprint=stream.fingerprint(),
+            definition=json.dumps(stream.token_definition(), default=str),
+            updated_at=now,
+        )
+    )
+    move_checkpoint(conn, stream.name, position, description, actor, stream.fingerprint(), now)
+
+
+def move_checkpoint(
+    conn: Connection,
+    stream: str,
+    position: NewPosition,
+    description: str,
+    actor: str,
+    fingerprint: str,
+    now: datetime,
+) -> None:
+    """An explicit move (reset, snapshot): the checkpoint, and a line in the reset history."""
+    old = read_checkpoint(conn, stream)
+    conn.execute(
+        insert(schema.resets).values(
+            stream=stream,
+            at=now,
+            actor=actor,
+            from_token=old.token if old else None,
+            from_cluster_time=old.cluster_time if old else None,
+            to_description=description,
+            old_fingerprint=old.fingerprint if old else None,
+            new_fingerprint=fingerprint,
+        )
+    )
+    conn.execute(
+        update(schema.checkpoints)
+        .where(schema.checkpoints.c.stream == stream)
+        .values(
+            **position.columns(),
+            fingerprint=fingerprint,
+            version=schema.checkpoints.c.version + 1,
+            updated_at=now,
+        )
+    )
+
+
+def reset_history(conn: Connection, stream: str) -> list[dict[str, Any]]:
+    """Every explicit move of the stream's checkpoint, oldest first."""
+    r = schema.resets
+    rows = conn.execute(select(r).where(r.c.stream == stream).order_by(r.c.id)).all()
+    return [dict(row._mapping) for row in rows]

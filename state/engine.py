@@ -1,0 +1,124 @@
+"""Opening the state database: its URL, the SQLAlchemy engine, the schema, and its errors.
+
+SQLite and PostgreSQL behave alike from here up: on SQLite every transaction takes the write
+lock when it begins, so two writers queue instead of deadlocking on a lock upgrade.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, func, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
+
+from state import schema
+from tidemark.errors import StateStoreError
+
+
+def normalize_url(url: str) -> str:
+    """postgresql:// means psycopg 3 here (the driver Tidemark installs)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, fit for an error message."""
+    return re.sub(r"(://[^:/@]+:)([^@]*)(@)", r"\1***\3", url)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`; a SQLite file's directory is created.
+
+    Raises:
+        StateStoreError: `url` is not a database URL.
+    """
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StateStoreError(
+            f"The state store URL {redact_url(url)!r} is not a database URL.",
+            "Set TIDEMARK_STATE_URL to sqlite:///path/state.db or "
+            "postgresql://user:password@host:5432/db.",
+        ) from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_setup(dbapi_connection, _record) -> None:
+            # Let SQLAlchemy's BEGIN below be the only transaction control.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn) -> None:
+            # Take the write lock up front: two writers never deadlock upgrading read locks.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+@contextmanager
+def database_errors(url: str, what: str) -> Iterator[None]:
+    """Turn the database going away during `what` into one `StateStoreError`.
+
+    Raises:
+        StateStoreError: the database failed (unreachable, locked too long); the message
+            names `what` and the URL without its password.
+    """
+    try:
+        yield
+    except OperationalError as exc:
+        raise StateStoreError(
+            f"The state store at {redact_url(url)} failed during {what}: "
+            f"{str(exc.orig).strip().splitlines()[0] if exc.orig else exc}.",
+            "Check that the database is up and reachable (TIDEMARK_STATE_URL); "
+            "nothing was committed by this operation.",
+        ) from None
+
+
+def install_or_check_schema(engine: Engine, url: str) -> None:
+    """Create the tables of a new database, or check an existing one is of this schema.
+
+    1. Create the tables that are missing (another process may create them at the same moment).
+    2. Record the schema version in a new database, or compare it with an existing one's.
+
+    Raises:
+        StateStoreError: the database is unreachable, or holds another schema version.
+    """
+    with database_errors(url, "open"):
+        try:
+            schema.metadata.create_all(engine)
+        except IntegrityError:
+            pass  # another process created the tables at the same moment
+        except SQLAlchemyError as exc:
+            if "already exists" not in str(exc):
+                raise
+        with database_errors(url, "schema check"), engine.begin() as conn:
+            found = conn.execute(select(func.max(schema.schema_version.c.version))).scalar()
+            if found is None:
+                conn.execute(
+                    insert(schema.schema_version).values(
+                        version=schema.SCHEMA_VERSION, installed_at=schema.utc_now()
+                    )
+                )
+            elif found != schema.SCHEMA_VERSION:
+                raise StateStoreError(
+                    f"The state store at {redact_url(url)} has schema version {found}, "
+                    f"and this Tidemark uses version {schema.SCHEMA_VERSION}.",
+                    "Run the Tidemark release that matches it, or point TIDEMARK_STATE_URL "
+                    "at a new database.",
+                )

@@ -1,0 +1,154 @@
+"""Leases with fencing: one writer per stream, and a stale writer can never commit.
+
+A lease row per name ("<stream>", "replay:<stream>", "transform:<stream>") holds its owner,
+an expiry and an epoch. Taking a lease over grows the epoch; every commit first *fences*: it
+extends the lease only if owner and epoch are still the ones it was granted, inside the
+commit's own transaction, so a run whose lease was taken over commits nothing.
+
+This module is the one place that knows how long leases last (the `*_LEASE_TTL` constants).
+Every function takes the open transaction's connection; the store opens the transactions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from state import schema
+from state.records import Lease
+from state.schema import utc_now
+from tidemark.errors import LeaseHeld, LeaseLost
+
+# Every raw-zone writer (drain, its snapshots, replay) and gc, which holds the writers' leases
+# while it sweeps. A drain renews it at a third of this between batches.
+CAPTURE_LEASE_TTL = timedelta(minutes=10)
+# A transform run: renewed only between its phases (a Spark job cannot stop to renew), so it
+# must outlast the longest phase.
+TRANSFORM_LEASE_TTL = timedelta(minutes=30)
+# `tidemark reset`: held for one short transaction, so a reset that dies blocks the stream for
+# a minute at most.
+RESET_LEASE_TTL = timedelta(minutes=1)
+
+
+def acquire(conn: Connection, stream: str, ttl: timedelta, owner: str | None) -> Lease:
+    """Take the lease named `stream` for `ttl`, or fail fast.
+
+    1. No row yet: insert one at epoch 1 (a concurrent first taker loses on the primary key).
+    2. A row held by a live owner and not expired: refuse.
+    3. Otherwise (released, expired, or its holder's process on this host is gone): take it
+       over at epoch + 1, only if the epoch is still the one read (compare-and-set).
+
+    Raises:
+        LeaseHeld: another run holds the lease.
+    """
+    host = socket.gethostname()
+    pid = os.getpid()
+    owner = owner or f"{host}:{pid}:{uuid.uuid4().hex[:8]}"
+    now = utc_now()
+    leases = schema.leases
+    row = conn.execute(select(leases).where(leases.c.stream == stream).with_for_update()).first()
+    if row is None:
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    insert(leases).values(
+                        stream=stream,
+                        owner=owner,
+                        host=host,
+                        pid=pid,
+                        epoch=1,
+                        acquired_at=now,
+                        expires_at=now + ttl,
+                    )
+                )
+        except IntegrityError:
+            raise _held(stream, None) from None
+        return Lease(stream, owner, 1)
+    if row.owner is not None and row.expires_at > now and not _dead_local(row.host, row.pid):
+        raise _held(stream, row)
+    done = conn.execute(
+        update(leases)
+        .where(leases.c.stream == stream, leases.c.epoch == row.epoch)
+        .values(
+            owner=owner,
+            host=host,
+            pid=pid,
+            epoch=row.epoch + 1,
+            acquired_at=now,
+            expires_at=now + ttl,
+        )
+    )
+    if done.rowcount != 1:
+        raise _held(stream, row)
+    return Lease(stream, owner, row.epoch + 1)
+
+
+def fence(conn: Connection, lease: Lease, ttl: timedelta) -> None:
+    """Extend `lease` by `ttl` from now if it is still this run's; the first step of a commit.
+
+    Raises:
+        LeaseLost: the lease was taken over (or released); the caller's transaction must not
+            commit, and does not when this is raised inside it.
+    """
+    leases = schema.leases
+    done = conn.execute(
+        update(leases)
+        .where(
+            leases.c.stream == lease.stream,
+            leases.c.epoch == lease.epoch,
+            leases.c.owner == lease.owner,
+        )
+        .values(expires_at=utc_now() + ttl)
+    )
+    if done.rowcount != 1:
+        raise LeaseLost(
+            f"This run's lease on stream {lease.stream!r} (epoch {lease.epoch}) was taken "
+            "over by another run, so its commit was refused and its checkpoint not moved.",
+            "Nothing is lost: the other run drains the same events. If runs keep losing "
+            "their lease, raise the lease time or lower the run budget.",
+        )
+
+
+def release(conn: Connection, lease: Lease) -> None:
+    """Give the lease up, unless it was taken over meanwhile (then it is not ours to free)."""
+    leases = schema.leases
+    conn.execute(
+        update(leases)
+        .where(leases.c.stream == lease.stream, leases.c.epoch == lease.epoch)
+        .values(owner=None, expires_at=utc_now())
+    )
+
+
+def _held(stream: str, row: Any) -> LeaseHeld:
+    who = f" by {row.owner} since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC" if row else ""
+    until = f", until {row.expires_at:%H:%M:%S} UTC at the latest" if row else ""
+    return LeaseHeld(
+        f"Stream {stream!r} is being drained by another run (lease held{who}{until}); "
+        "two runs of one stream never drain at once.",
+        "Wait for that run to finish. If it died on another host, its lease expires by "
+        "itself; a run that died on this host is detected and taken over automatically.",
+    )
+
+
+def _dead_local(host: str | None, pid: int | None) -> bool:
+    """True for a holder on this host whose process is gone (crashed or killed)."""
+    if host != socket.gethostname() or not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state == "Z"

@@ -1,0 +1,139 @@
+"""The state store's records: what callers hand to the store and get back from it.
+
+Plain dataclasses, free of SQL, so every layer above the store can name them without knowing
+how they are kept. The values a column may take are `Literal` aliases defined here, once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from state.schema import utc_now
+
+# Where a batch of the manifest came from: a drain of the change stream, a chunk of a
+# snapshot, or a replay of a past window (which never moves the checkpoint).
+BatchSource = Literal["incremental", "snapshot", "replay"]
+
+# A snapshot is "running" until its last chunk is committed, then "done".
+SnapshotStatus = Literal["running", "done"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a stream resumes: a resume token, or a cluster time to start at."""
+
+    stream: str
+    token: str | None  # canonical Extended JSON
+    token_is_invalidate: bool
+    start_at_operation_time: int | None  # packed Timestamp
+    cluster_time: int | None  # packed Timestamp of the position
+    fingerprint: str
+    version: int  # compare-and-set counter: a commit names the version it started from
+    updated_at: datetime
+
+    @property
+    def has_position(self) -> bool:
+        return self.token is not None or self.start_at_operation_time is not None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted lease: the epoch is the fencing token every commit under it is checked by."""
+
+    stream: str
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class NewPosition:
+    """Where a commit moves the checkpoint to."""
+
+    token: str | None = None
+    token_is_invalidate: bool = False
+    start_at_operation_time: int | None = None
+    cluster_time: int | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """The checkpoint columns this position sets."""
+        return {
+            "token": self.token,
+            "token_is_invalidate": self.token_is_invalidate,
+            "start_at_operation_time": self.start_at_operation_time,
+            "cluster_time": self.cluster_time,
+        }
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One raw-zone file of a batch."""
+
+    path: str  # relative to the lake root, POSIX separators
+    rows: int
+    bytes: int
+
+
+@dataclass
+class BatchRecord:
+    """One committed batch of the manifest and its files."""
+
+    id: str
+    stream: str
+    source: BatchSource
+    event_count: int
+    bytes: int
+    files: list[FileEntry]
+    events_by_type: dict[str, int] = field(default_factory=dict)
+    first_event_id: str | None = None
+    last_event_id: str | None = None
+    first_cluster_time: int | None = None
+    last_cluster_time: int | None = None
+    token_after: str | None = None
+    window_start: int | None = None
+    window_end: int | None = None
+    committed_at: datetime | None = None
+    epoch: int = 0
+    snapshot_id: str | None = None
+
+
+@dataclass
+class SnapshotRecord:
+    """A snapshot of a stream's namespaces and how far its copy has come."""
+
+    id: str
+    stream: str
+    reason: str
+    cluster_time: int
+    namespaces: list[tuple[str, str]]
+    namespace_index: int
+    last_key: str | None
+    chunks: int
+    documents: int
+    bytes: int
+    status: SnapshotStatus
+    started_at: datetime
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CurrentVersion:
+    """One committed transform run, and the version of `current` it wrote if any."""
+
+    stream: str
+    version: int
+    path: str | None  # None: the run only extended the change log (current_table: false)
+    rows: int
+    doc_schema: str
+    events_folded: int
+    changes_added: int
+    changes_staging: str | None
+    created_at: datetime
+    pruned_at: datetime | None = None
+
+
+def new_batch_id() -> str:
+    """Time-ordered and unique: files of later batches sort after earlier ones."""
+    return f"{utc_now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"

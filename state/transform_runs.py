@@ -1,0 +1,195 @@
+"""The transform's half of the store: its committed runs, the versions of `current`, and which
+batches are folded.
+
+A transform run commits like a drain: one fenced transaction (the store's
+`fenced_transaction`), compare-and-set on the newest run number, so two transforms of one
+stream never both commit, and a batch is folded by exactly one committed run.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, insert, select, update
+
+from state import schema
+from state.leases import TRANSFORM_LEASE_TTL
+from state.records import BatchRecord, CurrentVersion, Lease, SnapshotStatus
+from state.schema import utc_now
+from state.store import StateStore
+from tidemark.errors import TransformConflict
+
+_VERSION_COLUMNS = (
+    "stream",
+    "version",
+    "path",
+    "rows",
+    "doc_schema",
+    "events_folded",
+    "changes_added",
+    "changes_staging",
+    "created_at",
+)
+
+
+class TransformState:
+    """The transform's view of one state store (it holds the store, and nothing else)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def untransformed_batches(self, stream: str) -> list[BatchRecord]:
+        """Committed batches not folded yet, oldest first.
+
+        Chunks of an unfinished snapshot wait for the rest: a namespace is replaced by its
+        snapshot as a whole.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        done = self._transformed_ids(stream)
+        finished: SnapshotStatus = "done"
+        unfinished = {s.id for s in self.store.snapshots(stream) if s.status != finished}
+        return [
+            b
+            for b in self.store.batches(stream)
+            if b.id not in done and b.snapshot_id not in unfinished
+        ]
+
+    def _transformed_ids(self, stream: str) -> set[str]:
+        t = schema.transformed_batches
+        with self.store.transaction("transform progress") as conn:
+            return set(conn.execute(select(t.c.batch_id).where(t.c.stream == stream)).scalars())
+
+    def versions(self, stream: str, include_pruned: bool = False) -> list[CurrentVersion]:
+        """The versions of `current` (runs that wrote one), oldest first.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        v = schema.current_versions
+        query = select(v).where(v.c.stream == stream, v.c.path.is_not(None))
+        query = query.order_by(v.c.version)
+        if not include_pruned:
+            query = query.where(v.c.pruned_at.is_(None))
+        with self.store.transaction("version list") as conn:
+            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+
+    def runs(self, stream: str) -> list[CurrentVersion]:
+        """Every committed run, with or without a current-state version, oldest first.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        v = schema.current_versions
+        query = select(v).where(v.c.stream == stream).order_by(v.c.version)
+        with self.store.transaction("run list") as conn:
+            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+
+    def latest(self, stream: str) -> CurrentVersion | None:
+        """The newest committed run (its number is the next run's compare-and-set base).
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        v = schema.current_versions
+        query = select(v).where(v.c.stream == stream).order_by(v.c.version.desc()).limit(1)
+        with self.store.transaction("run list") as conn:
+            row = conn.execute(query).first()
+        return CurrentVersion(**dict(row._mapping)) if row else None
+
+    def latest_version(self, stream: str) -> CurrentVersion | None:
+        """The newest current-state version, pruned or not.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        v = schema.current_versions
+        query = (
+            select(v)
+            .where(v.c.stream == stream, v.c.path.is_not(None))
+            .order_by(v.c.version.desc())
+            .limit(1)
+        )
+        with self.store.transaction("version list") as conn:
+            row = conn.execute(query).first()
+        return CurrentVersion(**dict(row._mapping)) if row else None
+
+    def commit(
+        self,
+        lease: Lease,
+        stream: str,
+        expected_latest: int | None,
+        version: CurrentVersion | None,
+        batch_ids: list[str],
+    ) -> None:
+        """Commit a transform run in one transaction.
+
+        Rules: the same as a drain's commit (see `StateStore.commit_batch`): nothing is
+        committed unless every step succeeds, and a run whose lease was taken over, or that
+        started from a run number no longer the newest, commits nothing.
+
+        1. Fence: the transform lease is still this run's (and is extended).
+        2. Compare-and-set: the newest run is still `expected_latest` (None: no run yet).
+        3. Record the run (`version`; None for a run that only marked batches).
+        4. Mark `batch_ids` as folded (by `version`, or by no version: all duplicates).
+
+        Raises:
+            LeaseLost: the transform lease was taken over.
+            TransformConflict: another transform of the stream committed meanwhile.
+            StateStoreError: the database failed; nothing was committed.
+        """
+        v = schema.current_versions
+        with self.store.fenced_transaction("transform commit", lease, TRANSFORM_LEASE_TTL) as conn:
+            latest = conn.execute(
+                select(func.max(v.c.version)).where(v.c.stream == stream)
+            ).scalar_one_or_none()
+            if latest != expected_latest:
+                raise TransformConflict(
+                    f"Another transform of stream {stream!r} committed version {latest} while this "
+                    f"one worked from version {expected_latest}; nothing was committed.",
+                    "Run the transform again: it starts from the newest version.",
+                )
+            if version is not None:
+                conn.execute(insert(v).values(**{k: getattr(version, k) for k in _VERSION_COLUMNS}))
+            if batch_ids:
+                now = utc_now()
+                conn.execute(
+                    insert(schema.transformed_batches),
+                    [
+                        {
+                            "batch_id": b,
+                            "stream": stream,
+                            "version": version.version if version else None,
+                            "transformed_at": now,
+                        }
+                        for b in batch_ids
+                    ],
+                )
+
+    def mark_published(self, stream: str, version: int) -> None:
+        """Record that run `version`'s change-log files left their staging directory.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        v = schema.current_versions
+        with self.store.transaction("publish") as conn:
+            conn.execute(
+                update(v)
+                .where(v.c.stream == stream, v.c.version == version)
+                .values(changes_staging=None)
+            )
+
+    def mark_pruned(self, stream: str, version: int) -> None:
+        """Take version `version` of `current` out of the list readers resolve (`versions`); a
+        later run deletes its files.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        v = schema.current_versions
+        with self.store.transaction("prune") as conn:
+            conn.execute(
+                update(v)
+                .where(v.c.stream == stream, v.c.version == version)
+                .values(pruned_at=utc_now())
+            )
