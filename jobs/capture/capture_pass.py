@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from bson import Timestamp
@@ -45,6 +45,18 @@ from tidemark.tokens import pack_ts
 LEASE_TTL = timedelta(minutes=10)
 # How long a replay waits for the server to confirm its window's end (majority lag).
 END_WAIT_SECONDS = 600.0
+
+# Why a pass (and so a drain or a replay) stopped; `DrainResult.stop_reason` reports it.
+StopReason = Literal[
+    "caught_up",  # the server had nothing more (or every event up to the end was returned)
+    "horizon",  # the next event is past the end: the drain's horizon, the replay's window
+    "budget_events",  # the stream's budget: max_events consumed
+    "budget_bytes",  # max_bytes consumed (the event that crosses it is the last)
+    "budget_seconds",  # max_seconds spent
+    "invalidate",  # the stream was invalidated (the event, or a closed cursor without it)
+    "closed",  # the replies ended without one saying why (a safeguard: a closed one ends it)
+    "snapshot_in_progress",  # the drain copied snapshot chunks and stopped before the stream
+]
 
 
 def replay_lease(stream: str) -> str:
@@ -74,7 +86,7 @@ class Capture:
     first_id: str | None = None
     last_id: str | None = None
     token: Any = None  # the resume token after the last event consumed
-    stop: str = ""
+    stop: StopReason | None = None  # set by every return of `capture`
     invalidated: bool = False
 
 
@@ -133,8 +145,10 @@ def _first_past_end(
     return low
 
 
-def _budget_cut(events: RawDocuments, got: Capture, budget: Budget) -> tuple[int, str]:
-    take, stop = len(events), ""
+def _budget_cut(
+    events: RawDocuments, got: Capture, budget: Budget
+) -> tuple[int, StopReason | None]:
+    take, stop = len(events), None
     if budget.max_events:
         left = budget.max_events - got.events
         if left < take:
@@ -161,7 +175,7 @@ def capture(
     if got is None:
         got = Capture()
     got.token = reader.initial_token
-    got.stop, got.invalidated = "", False
+    got.stop, got.invalidated = None, False
     for reply in reader.replies():
         events = reply.events
         now = time.monotonic()
