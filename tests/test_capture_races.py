@@ -74,11 +74,11 @@ def _invalidate_token(raw_client: MongoClient, db: str, resume_after) -> RawBSON
     """The token of the closed cursor after a drop, read through a CRUD-only pipeline."""
     with ChangeStreamReader(raw_client, db, "orders", {"resumeAfter": resume_after}, CRUD_ONLY,
                             100, 300) as reader:  # fmt: skip
-        for batch in reader.batches():
-            assert not batch.caught_up, "the stream was not invalidated"
-            if batch.closed:
-                return batch.token_after
-    raise AssertionError("the reader ended without a closed batch")
+        for reply in reader.replies():
+            assert not reply.caught_up, "the stream was not invalidated"
+            if reply.closed:
+                return reply.token_after
+    raise AssertionError("the reader ended without a closed reply")
 
 
 @pytest.mark.parametrize("scope", ["collection", "database"])

@@ -31,11 +31,11 @@ def _start(client: MongoClient, db: str) -> dict:
 
 def _read_all(reader: ChangeStreamReader, after_first=None) -> tuple[list, object]:
     events, token = [], None
-    for n, batch in enumerate(reader.batches()):
-        if not batch.events:
-            return events, batch.token_after
-        events += batch.events
-        token = batch.token_after
+    for n, reply in enumerate(reader.replies()):
+        if not reply.events:
+            return events, reply.token_after
+        events += reply.events
+        token = reply.token_after
         if n == 0 and after_first:
             after_first()
     return events, token
@@ -97,7 +97,7 @@ def test_start_after_an_invalidate_follows_the_recreated_collection(client, read
     client[db_name]["o"].insert_one({"before": 1})
     client[db_name]["o"].drop()
     with ChangeStreamReader(reader_client, db_name, "o", {"resumeAfter": start}, [], 50, 300) as r:
-        events = [e for b in r.batches() for e in b.events]  # ends: the server closes it
+        events = [e for reply in r.replies() for e in reply.events]  # ends: the server closes it
     assert [e["operationType"] for e in events] == ["insert", "drop", "invalidate"]
     client[db_name]["o"].insert_one({"after": 1})
     invalidate = events[-1]["_id"]

@@ -266,8 +266,8 @@ class _GetMores(monitoring.CommandListener):
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         if event.command_name == "getMore":
-            batch = list(event.reply["cursor"]["nextBatch"])
-            self.sent.append((self._waits.pop(event.request_id), len(batch)))
+            events = list(event.reply["cursor"]["nextBatch"])
+            self.sent.append((self._waits.pop(event.request_id), len(events)))
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass

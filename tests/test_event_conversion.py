@@ -77,7 +77,7 @@ def _read(
     }
     # A small batch size: several replies, each converted on its own.
     with ChangeStreamReader(client, db, None, options, pipeline or [], 7, 300) as reader:
-        return [batch.events for batch in reader.batches() if len(batch.events)]
+        return [reply.events for reply in reader.replies() if len(reply.events)]
 
 
 @pytest.fixture
@@ -88,9 +88,9 @@ def every_kind(raw_client: MongoClient, client: MongoClient, db_name: str) -> Ca
 
 
 def test_array_reader_equals_the_per_event_reader_for_every_kind_of_event(every_kind) -> None:
-    batches = every_kind()
+    replies = every_kind()
     kinds = set()
-    for docs in batches:
+    for docs in replies:
         table = array_events_table(docs)
         assert table is not None, "the array reader gave up on ordinary events"
         expected = per_event_table(docs)
@@ -110,7 +110,7 @@ def test_array_reader_equals_the_per_event_reader_for_every_kind_of_event(every_
         "dropDatabase",
         "invalidate",
     } <= kinds
-    events = [RawBSONDocument(raw) for docs in batches for raw in docs.raws()]
+    events = [RawBSONDocument(raw) for docs in replies for raw in docs.raws()]
     assert sum(1 for e in events if e["operationType"] == "insert") == len(ODD_IDS) + 2
     assert any("lsid" in e and "txnNumber" in e for e in events)  # the transaction
     assert any("collectionUUID" in e for e in events)  # expanded events
@@ -127,10 +127,10 @@ def test_document_keys_are_libbson_canonical_extended_json(every_kind) -> None:
 
 def test_events_the_array_reader_does_not_read_are_converted_one_by_one(every_kind) -> None:
     """A top-level regex (a pipeline can add one) is not walked: the per-event reader
-    converts those batches, with the same result."""
-    batches = every_kind([{"$addFields": {"pattern": {"$literal": Regex("^a", "i")}}}])
-    assert batches
-    for docs in batches:
+    converts those replies, with the same result."""
+    replies = every_kind([{"$addFields": {"pattern": {"$literal": Regex("^a", "i")}}}])
+    assert replies
+    for docs in replies:
         assert array_events_table(docs) is None
         table = events_table(docs)
         assert table.num_rows == len(docs)

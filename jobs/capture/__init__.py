@@ -1,12 +1,21 @@
 """Capture: MongoDB change streams -> the raw zone, committed with the resume token.
 
 `drain` moves a stream's checkpoint (taking a snapshot first when one is due), `replay`
-re-reads an operation-time window without moving it. Both are one capture pass
-(`capture_pass`) over the change-stream reader (`reader`), written by `writer`; the BSON
-walker and the event conversion are private (`_bson`, `_events`).
+re-reads an operation-time window without moving it; both say why they stopped (`StopReason`).
+Both are one capture pass (`capture_pass`) over the change-stream reader (`reader`, its resume
+rules in `resume`), written by `writer`; the BSON walker and the event conversion are private
+(`_bson`, `_events`).
 """
 
 from jobs.capture._drain import DrainResult, drain, drain_until_caught_up
 from jobs.capture._replay import ReplayRefused, replay
+from jobs.capture.capture_pass import StopReason
 
-__all__ = ["DrainResult", "ReplayRefused", "drain", "drain_until_caught_up", "replay"]
+__all__ = [
+    "DrainResult",
+    "ReplayRefused",
+    "StopReason",
+    "drain",
+    "drain_until_caught_up",
+    "replay",
+]

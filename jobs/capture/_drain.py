@@ -19,7 +19,14 @@ from typing import Any
 from bson import Timestamp
 from pymongo import MongoClient
 
-from jobs.capture.capture_pass import LEASE_TTL, Capture, PassBounds, batch_record, capture_pass
+from jobs.capture.capture_pass import (
+    LEASE_TTL,
+    Capture,
+    PassBounds,
+    StopReason,
+    batch_record,
+    capture_pass,
+)
 from jobs.capture.server_errors import ResumedFromInvalidate
 from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
@@ -57,9 +64,7 @@ class DrainResult:
     bytes: int
     files: list[FileEntry]
     events_by_type: dict[str, int]
-    stop_reason: (
-        str  # caught_up | horizon | budget_events | budget_bytes | budget_seconds | invalidate
-    )
+    stop_reason: StopReason
     first_cluster_time: Timestamp | None
     last_cluster_time: Timestamp | None
     token_cluster_time: Timestamp | None
@@ -86,6 +91,7 @@ class DrainResult:
         **extra: Any,
     ) -> DrainResult:
         """The result of a pass that consumed `got` (a drain's or a replay's)."""
+        assert got.stop is not None, "every return of a pass says why it stopped"
         return cls(
             stream=stream,
             batch_id=batch_id if got.events else None,

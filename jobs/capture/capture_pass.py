@@ -6,11 +6,11 @@ Both commit what the pass returns themselves (the drain moves its checkpoint, a 
 does), so everything about reading, stopping and server errors lives here once.
 
 Rules of a pass:
-1. Work is per batch (server reply), not per event: the cut for a budget is an index, the end
-   is checked on a batch's last event, with a binary search only when it crosses.
+1. Work is per server reply, not per event: the cut for a budget is an index, the end is
+   checked on a reply's last event, with a binary search only when it crosses.
 2. The token after the pass is where its consumer resumes without a gap or a repeat: the
    token it opened at while nothing is consumed, the last consumed event's id after a cut,
-   the batch's postBatchResumeToken after a whole batch.
+   the reply's postBatchResumeToken after a whole reply.
 3. A closed cursor ends the pass as an invalidate, whether or not the pipeline let the
    invalidate event through; its token is then the invalidate's, for a later startAfter.
 4. Server errors become Tidemark errors that say nothing was committed; files written so far
@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from bson import Timestamp
@@ -43,6 +43,18 @@ from tidemark.tokens import pack_ts
 
 # How long a replay waits for the server to confirm its window's end (majority lag).
 END_WAIT_SECONDS = 600.0
+
+# Why a pass (and so a drain or a replay) stopped; `DrainResult.stop_reason` reports it.
+StopReason = Literal[
+    "caught_up",  # the server had nothing more (or every event up to the end was returned)
+    "horizon",  # the next event is past the end: the drain's horizon, the replay's window
+    "budget_events",  # the stream's budget: max_events consumed
+    "budget_bytes",  # max_bytes consumed (the event that crosses it is the last)
+    "budget_seconds",  # max_seconds spent
+    "invalidate",  # the stream was invalidated (the event, or a closed cursor without it)
+    "closed",  # the replies ended without one saying why (a safeguard: a closed one ends it)
+    "snapshot_in_progress",  # the drain copied snapshot chunks and stopped before the stream
+]
 
 
 def replay_lease(stream: str) -> str:
@@ -72,7 +84,7 @@ class Capture:
     first_id: str | None = None
     last_id: str | None = None
     token: Any = None  # the resume token after the last event consumed
-    stop: str = ""
+    stop: StopReason | None = None  # set by every return of `capture`
     invalidated: bool = False
 
 
@@ -131,8 +143,10 @@ def _first_past_end(
     return low
 
 
-def _budget_cut(events: RawDocuments, got: Capture, budget: Budget) -> tuple[int, str]:
-    take, stop = len(events), ""
+def _budget_cut(
+    events: RawDocuments, got: Capture, budget: Budget
+) -> tuple[int, StopReason | None]:
+    take, stop = len(events), None
     if budget.max_events:
         left = budget.max_events - got.events
         if left < take:
@@ -152,28 +166,28 @@ def capture(
     keep_alive: Callable[[], None],
     got: Capture | None = None,
 ) -> Capture:
-    """Consume whole batches until caught up, past the end, a budget, or an invalidate."""
+    """Consume whole replies until caught up, past the end, a budget, or an invalidate."""
     clock = time.monotonic()
     renewed = waiting_since = clock
     budget = bounds.budget
     if got is None:
         got = Capture()
     got.token = reader.initial_token
-    got.stop, got.invalidated = "", False
-    for batch in reader.batches():
-        events = batch.events
+    got.stop, got.invalidated = None, False
+    for reply in reader.replies():
+        events = reply.events
         now = time.monotonic()
         if now - renewed > LEASE_TTL.total_seconds() / 3:
             keep_alive()
             renewed = now
         if not events:
-            if batch.closed:  # an invalidate the pipeline filtered out
-                got.token, got.invalidated, got.stop = batch.token_after, True, "invalidate"
+            if reply.closed:  # an invalidate the pipeline filtered out
+                got.token, got.invalidated, got.stop = reply.token_after, True, "invalidate"
                 return got
-            if batch.caught_up:
-                # Only caught-up batches are empty (and a replay's heartbeats while it waits
+            if reply.caught_up:
+                # Only caught-up replies are empty (and a replay's heartbeats while it waits
                 # for its end): the postBatchResumeToken moves quiet streams forward too.
-                got.token, got.stop = batch.token_after, "caught_up"
+                got.token, got.stop = reply.token_after, "caught_up"
                 return got
             if now - waiting_since > END_WAIT_SECONDS:
                 raise WindowNotConfirmed(
@@ -203,14 +217,14 @@ def capture(
             whole = take == len(events)
             if last["operationType"] == "invalidate":
                 got.token, got.invalidated, stop = last["_id"], True, "invalidate"
-            elif whole and batch.closed:
-                got.token, got.invalidated, stop = batch.token_after, True, "invalidate"
+            elif whole and reply.closed:
+                got.token, got.invalidated, stop = reply.token_after, True, "invalidate"
             else:
-                got.token = batch.token_after if whole else last["_id"]
+                got.token = reply.token_after if whole else last["_id"]
         if stop:
             got.stop = stop
             return got
-        if batch.caught_up:  # consumed whole: its token is the postBatchResumeToken
+        if reply.caught_up:  # consumed whole: its token is the postBatchResumeToken
             got.stop = "caught_up"
             return got
     got.stop = "closed"

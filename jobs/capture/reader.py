@@ -1,25 +1,16 @@
 """A change-stream cursor below `watch()`: aggregate and getMore, one getMore ahead.
 
-pymongo's ChangeStream sends the next getMore only once the current batch is used up, so the
+pymongo's ChangeStream sends the next getMore only once the current reply is used up, so the
 server and the client take turns. This reader runs the cursor in a background thread that
-fetches the next batch while the caller converts the current one, and hands out whole batches
-(no per-event driver work). It follows the drivers' change-streams specification where it
-replaces the driver:
+fetches the next reply while the caller converts the current one, and hands out whole replies
+(no per-event driver work). A reply is what one aggregate or getMore returns (the spec's
+"batch"; in Tidemark a batch is a committed manifest entry).
 
-- resumable errors: any non-server error (network, timeout), CursorNotFound (43), and on
-  servers >= 4.4 any error labelled ResumableChangeStreamError (below 4.4: the listed codes);
-  only errors of getMore are resumable, never those of the aggregate itself;
-- one resume attempt per error, in the same session, killing the old cursor quietly;
-- the resume point: the cached token (startAfter if the stream began with startAfter and has
-  returned nothing yet, else resumeAfter), else the saved operation time, else the original
-  command;
-- the cached token: after each batch, its postBatchResumeToken if the server sent one, else
-  the last event's _id; the token after each event is that event's _id, and after the last
-  event of a batch the postBatchResumeToken;
-- where the stream stands before any event (`initial_token`): the aggregate's
-  postBatchResumeToken only if its first batch is empty. With events in it, that token lies
-  past them, so a caller that takes none of them (they are past its end) must stay at the
-  token it opened with, or they would be skipped.
+Where it replaces the driver it follows the drivers' change-streams specification. The state a
+stream resumes from, and every rule that changes it, is `jobs.capture.resume.ResumeState`; the
+resume process that uses it is here (`_fetch_loop`, `_resume`): only errors of getMore are
+resumable, never those of the aggregate itself; one resume attempt per error, in the same
+session, killing the old cursor quietly.
 
 A reply whose cursor id is 0 means the server closed the stream: after an invalidate, which a
 pipeline may have filtered out, so the closed cursor, not the event, is the signal.
@@ -37,54 +28,22 @@ from typing import Any
 from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
-from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+from pymongo.errors import PyMongoError
 
 from jobs.capture._bson import INT32, RawDocuments, array_documents, elements, int32_at, int64_at
+from jobs.capture.resume import ResumeState
 from resources.mongo import RAW_CODEC
 from tidemark.tokens import covered_until, next_tick, token_cluster_time
 
-CURSOR_NOT_FOUND = 43
 # How long a getMore waits when all it can still find is events at the end's very time.
 CONFIRM_AWAIT_MS = 50
-# Servers before 4.4 (wire version < 9) do not label resumable errors; the spec lists these.
-LEGACY_RESUMABLE_CODES = {
-    6,
-    7,
-    89,
-    91,
-    189,
-    262,
-    9001,
-    10107,
-    11600,
-    11602,
-    13435,
-    13436,
-    63,
-    150,
-    13388,
-    234,
-    133,
-}
-
-
-def is_resumable(error: Exception, wire_version: int) -> bool:
-    if isinstance(error, ConnectionFailure):  # network errors and timeouts
-        return True
-    if isinstance(error, OperationFailure):
-        if error.code == CURSOR_NOT_FOUND:
-            return True
-        if wire_version >= 9:
-            return error.has_error_label("ResumableChangeStreamError")
-        return error.code in LEGACY_RESUMABLE_CODES
-    return False
 
 
 @dataclass
-class Batch:
-    """Events of one server reply and the token to resume after all of them."""
+class Reply:
+    """The events of one server reply and the token to resume after all of them."""
 
-    events: RawDocuments  # one reply's buffer: events are decoded only where looked at
+    events: RawDocuments  # the reply's buffer: events are decoded only where looked at
     token_after: Any  # postBatchResumeToken if sent, else the last event's _id
     # Nothing more to read for this caller: the server waited maxAwaitTimeMS and found
     # nothing (unless the reader waits for its end only), or every event up to the caller's
@@ -96,18 +55,20 @@ class Batch:
 
 
 @dataclass
-class CursorReply:
+class ReplyCursor:
+    """The `cursor` document of one aggregate or getMore reply."""
+
     id: int
     ns: str
     events: RawDocuments
     post_batch_token: RawBSONDocument | None
 
 
-def read_cursor(reply: bytes) -> CursorReply:
-    """The `cursor` of an aggregate or getMore reply, read from its bytes: the batch's events
+def read_cursor(reply: bytes) -> ReplyCursor:
+    """The `cursor` of an aggregate or getMore reply, read from its bytes: the reply's events
     are located, not decoded (pymongo would build an object per event here)."""
     cursor = next(value for key, _, value, _ in elements(reply) if key == "cursor")
-    found = CursorReply(0, "", RawDocuments.of([]), None)
+    found = ReplyCursor(0, "", RawDocuments.of([]), None)
     for key, bson_type, value, size in elements(reply, cursor):
         if key == "id":
             found.id = (int32_at if bson_type == INT32 else int64_at)(reply, value)[0]
@@ -125,7 +86,14 @@ class _End:
 
 
 class ChangeStreamReader:
-    """Open with `with`; iterate `batches()`; every batch's events in server order."""
+    """Open with `with`; iterate `replies()`; every reply's events in server order.
+
+    Two threads: the caller's opens the stream (the initial aggregate, in `__enter__`), takes
+    replies and closes; the getMore thread does everything in between. They share only the
+    queue of replies, the two events (`_stop`, `_more`) and `initial_token`, final before the
+    thread starts: the cursor, the resume state and `_at_end` are the getMore thread's once it
+    has started, and `close()` touches the cursor again only after joining it.
+    """
 
     def __init__(
         self,
@@ -147,7 +115,7 @@ class ChangeStreamReader:
         if database is None:
             self.options["allChangesForCluster"] = True
         self.pipeline = pipeline
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # the server's batchSize: events per reply at most
         self.max_await_time_ms = max_await_time_ms
         self.is_past_end = is_past_end
         # A replay reads until the stream's tokens pass its end: an empty getMore only says
@@ -156,12 +124,8 @@ class ChangeStreamReader:
         self.cursor_id = 0
         self.resumes = 0
         self._namespace_coll = collection or "$cmd.aggregate"
-        self._cached_token: Any = self.options.get("resumeAfter") or self.options.get("startAfter")
-        self.initial_token: Any = self._cached_token
-        self._operation_time: Timestamp | None = self.options.get("startAtOperationTime")
-        self._returned_any = False
+        self._resume_state = ResumeState.opened(self.options)
         self._at_end = False  # the last token reached the caller's end, but not past it
-        self._wire_version = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._more = threading.Event()
@@ -171,12 +135,15 @@ class ChangeStreamReader:
 
     # -- the caller's side ---------------------------------------------------------------
 
+    @property
+    def initial_token(self) -> Any:
+        """Where the stream stands before its first event (final once the stream is open)."""
+        return self._resume_state.initial_token
+
     def __enter__(self) -> ChangeStreamReader:
         self._session = self.client.start_session(causal_consistency=False)
         # The aggregate runs here, so its errors (history lost, bad token) surface at once.
         first = self._aggregate()
-        if not len(first.events):  # the spec: only an empty first batch's token is cached
-            self.initial_token = self._cached_token
         self._thread = threading.Thread(
             target=self._fetch_loop, args=(first,), name="tidemark-getmore", daemon=True
         )
@@ -186,8 +153,8 @@ class ChangeStreamReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def batches(self) -> Iterator[Batch]:
-        """Batches as the server sends them; after a caught-up one (see `Batch`; only those
+    def replies(self) -> Iterator[Reply]:
+        """Replies as the server sends them; after a caught-up one (see `Reply`; only those
         can be empty) the next getMore is sent only if the caller asks for more. Ends after
         the server closes the cursor (an invalidate)."""
         while True:
@@ -218,37 +185,22 @@ class ChangeStreamReader:
     def _command(self, command: dict[str, Any]) -> RawBSONDocument:
         return self._db.command(command, session=self._session, codec_options=RAW_CODEC)
 
-    def _aggregate(self) -> CursorReply:
-        stage = {"$changeStream": self._resume_options()}
+    def _aggregate(self) -> ReplyCursor:
+        stage = {"$changeStream": self._resume_state.stage_options(self.options)}
         command = {
             "aggregate": self.collection if self.collection else 1,
             "pipeline": [stage, *self.pipeline],
             "cursor": {"batchSize": self.batch_size},
         }
         reply = self._command(command)
-        self._wire_version = self._max_wire_version()
+        wire_version = self._max_wire_version()
         cursor = read_cursor(reply.raw)
         self.cursor_id = cursor.id
         self._namespace_coll = cursor.ns.split(".", 1)[1]
-        if self._operation_time is None and "operationTime" in reply:
-            self._operation_time = reply["operationTime"]
-        self._remember(cursor.events, cursor.post_batch_token)
+        self._resume_state.aggregate_replied(
+            cursor.events, cursor.post_batch_token, reply.get("operationTime"), wire_version
+        )
         return cursor
-
-    def _resume_options(self) -> dict[str, Any]:
-        options = {
-            k: v
-            for k, v in self.options.items()
-            if k not in ("resumeAfter", "startAfter", "startAtOperationTime")
-        }
-        if self._cached_token is not None:
-            if "startAfter" in self.options and not self._returned_any:
-                options["startAfter"] = self._cached_token
-            else:
-                options["resumeAfter"] = self._cached_token
-        elif self._operation_time is not None:
-            options["startAtOperationTime"] = self._operation_time
-        return options
 
     def _max_wire_version(self) -> int:
         try:
@@ -256,17 +208,7 @@ class ChangeStreamReader:
         except PyMongoError:
             return 0
 
-    def _remember(self, events: RawDocuments, post_batch_token: Any) -> None:
-        token = (
-            post_batch_token
-            if post_batch_token is not None
-            else (events[len(events) - 1]["_id"] if len(events) else self._cached_token)
-        )
-        self._cached_token = token
-        if len(events):
-            self._returned_any = True
-
-    def _get_more(self) -> CursorReply:
+    def _get_more(self) -> ReplyCursor:
         reply = self._command(
             {
                 "getMore": Int64(self.cursor_id),
@@ -292,7 +234,7 @@ class ChangeStreamReader:
                 continue
         return False
 
-    def _fetch_loop(self, first: CursorReply) -> None:
+    def _fetch_loop(self, first: ReplyCursor) -> None:
         try:
             if not self._deliver(first, waited=False):
                 return
@@ -303,19 +245,22 @@ class ChangeStreamReader:
                 try:
                     cursor = self._get_more()
                 except PyMongoError as error:
-                    if not is_resumable(error, self._wire_version):
+                    # The spec's ChangeStream: "A change stream MUST attempt to resume a
+                    # single time if it encounters any resumable error per Resumable Error. A
+                    # change stream MUST NOT attempt to resume on any other type of error."
+                    if not self._resume_state.is_resumable(error):
                         raise
                     if not self._resume():
                         return
                     continue
-                self._remember(cursor.events, cursor.post_batch_token)
+                self._resume_state.replied(cursor.events, cursor.post_batch_token)
                 if not self._deliver(cursor, waited=True):
                     return
-        except BaseException as error:  # handed to the caller, raised from batches()
+        except BaseException as error:  # handed to the caller, raised from replies()
             self._put(error)
 
-    def _deliver(self, cursor: CursorReply, waited: bool) -> bool:
-        """Hand a batch over (False once closed). After a caught-up batch, wait until the
+    def _deliver(self, cursor: ReplyCursor, waited: bool) -> bool:
+        """Hand a reply over (False once closed). After a caught-up reply, wait until the
         caller asks for more: most stop there, and a getMore already sent would wait
         maxAwaitTimeMS for nothing before close() could finish."""
         token = cursor.post_batch_token
@@ -333,12 +278,13 @@ class ChangeStreamReader:
         )
         caught_up = past_end or (waited and not len(cursor.events) and not self.until_end)
         closed = cursor.id == 0
-        # An aggregate's empty first batch says nothing; an empty getMore of a reader waiting
+        # An aggregate's empty first reply says nothing; an empty getMore of a reader waiting
         # for its end goes to the caller, who renews its lease and bounds the wait.
         heartbeat = waited and self.until_end
         if not len(cursor.events) and not caught_up and not closed and not heartbeat:
             return True
-        if not self._put(Batch(cursor.events, self._cached_token, caught_up, closed)):
+        reply = Reply(cursor.events, self._resume_state.token, caught_up, closed)
+        if not self._put(reply):
             return False
         if caught_up:
             while not self._more.wait(0.05):
@@ -348,15 +294,20 @@ class ChangeStreamReader:
         return True
 
     def _resume(self) -> bool:
-        """One attempt: kill the old cursor quietly, aggregate from the resume point."""
+        """One attempt: kill the old cursor quietly, aggregate from the resume point. An
+        error of that aggregate is raised: the spec's "An error on an aggregate command is
+        not a resumable error"."""
         self.resumes += 1
         self._kill_cursor()
+        # Resume Process: "If the server supports sessions, the resume attempt MUST use the
+        # same session as the previous attempt's command." (`_command` always does.)
         return self._deliver(self._aggregate(), waited=False)
 
     def _kill_cursor(self) -> None:
         if not self.cursor_id:
             return
-        # The spec: errors while killing the old cursor are suppressed.
+        # Resume Process: "Any exceptions or errors that occur during the process of killing
+        # the cursor should be suppressed".
         with contextlib.suppress(PyMongoError):
             self._command({"killCursors": self._namespace_coll, "cursors": [Int64(self.cursor_id)]})
         self.cursor_id = 0
