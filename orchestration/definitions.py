@@ -13,22 +13,8 @@ import dagster as dg
 
 from orchestration.assets import keys, stream_assets
 from orchestration.checks import stream_checks
-from orchestration.resources import (
-    LakeResource,
-    MongoResource,
-    SparkResource,
-    StateStoreResource,
-)
+from orchestration.resources import env_resources
 from tidemark.config import StreamConfig, TidemarkConfig, load_config
-
-
-def env_resources() -> dict[str, Any]:
-    return {
-        "mongo": MongoResource(uri=dg.EnvVar("MONGODB_URI")),
-        "state": StateStoreResource(url=dg.EnvVar("TIDEMARK_STATE_URL")),
-        "lake": LakeResource(root=dg.EnvVar("TIDEMARK_LAKE")),
-        "spark": SparkResource(master=dg.EnvVar("TIDEMARK_SPARK_MASTER")),
-    }
 
 
 def sync_job_name(stream: StreamConfig) -> str:

@@ -13,12 +13,7 @@ import pytest
 
 from jobs.capture import ReplayRefused, replay
 from orchestration.definitions import build_definitions
-from orchestration.resources import (
-    LakeResource,
-    MongoResource,
-    SparkResource,
-    StateStoreResource,
-)
+from orchestration.resources import build_resources
 from tests.helpers.lake_reading import committed_table
 from tidemark.config import TidemarkConfig
 from tidemark.tokens import datetime_to_ts
@@ -44,12 +39,12 @@ def setup(mongod, spark, tmp_path, db_name):
                 ]
             }
         )
-        resources = {
-            "mongo": MongoResource(uri=mongod.uri),
-            "state": StateStoreResource(url=f"sqlite:///{tmp_path / 'state.db'}"),
-            "lake": LakeResource(root=str(tmp_path / "lake")),
-            "spark": SparkResource(master="local[2]"),
-        }
+        resources = build_resources(
+            mongodb_uri=mongod.uri,
+            state_url=f"sqlite:///{tmp_path / 'state.db'}",
+            lake_root=str(tmp_path / "lake"),
+            spark_master="local[2]",
+        )
         return config, build_definitions(config, resources), resources
 
     return make

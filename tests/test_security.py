@@ -10,12 +10,7 @@ import pytest
 from pymongo import MongoClient
 
 from orchestration.definitions import build_definitions
-from orchestration.resources import (
-    LakeResource,
-    MongoResource,
-    SparkResource,
-    StateStoreResource,
-)
+from orchestration.resources import build_resources
 from tests.conftest import SECRET
 from tidemark.cli.commands import main
 from tidemark.config import TidemarkConfig
@@ -38,12 +33,12 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
             ]
         }
     )
-    resources = {
-        "mongo": MongoResource(uri=uri),
-        "state": StateStoreResource(url=f"sqlite:///{tmp_path / 'state.db'}"),
-        "lake": LakeResource(root=str(tmp_path / "lake")),
-        "spark": SparkResource(master="local[2]"),
-    }
+    resources = build_resources(
+        mongodb_uri=uri,
+        state_url=f"sqlite:///{tmp_path / 'state.db'}",
+        lake_root=str(tmp_path / "lake"),
+        spark_master="local[2]",
+    )
     defs = build_definitions(config, resources)
     job = defs.resolve_job_def("orders_sync")
     instance = dg.DagsterInstance.ephemeral()
