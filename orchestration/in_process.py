@@ -8,8 +8,9 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.definitions import build_definitions, sync_job_name
+from orchestration.definitions import build_definitions
 from orchestration.resources import build_resources
+from orchestration.schedules import sync_job_name
 from tidemark.config import StreamConfig, TidemarkConfig
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
