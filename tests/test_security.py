@@ -48,7 +48,13 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
     run = job.execute_in_process(instance=instance)
     assert run.success  # find + changeStream (+ find on the oplog) are all a drain needs
     materialized = run.get_asset_materialization_events()
-    assert {e.asset_key.to_user_string() for e in materialized} >= {"orders/raw_changes"}
+    assert {e.asset_key.to_user_string() for e in materialized} == {
+        "orders/raw_changes",
+        "orders/changes",
+        "orders/current",
+    }
+    raw = next(e for e in materialized if e.asset_key == dg.AssetKey(["orders", "raw_changes"]))
+    assert raw.materialization.metadata["events_insert"].value == 5
 
     # The CLI too, with the URI in the environment, including a failing command.
     config_file = tmp_path / "streams.yaml"
