@@ -8,13 +8,9 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.definitions import build_definitions, sync_job_name
-from orchestration.resources import (
-    LakeResource,
-    MongoResource,
-    SparkResource,
-    StateStoreResource,
-)
+from orchestration.definitions import build_definitions
+from orchestration.resources import build_resources
+from orchestration.schedules import sync_job_name
 from tidemark.config import StreamConfig, TidemarkConfig
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -23,15 +19,13 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 def local_definitions(
     config: TidemarkConfig, mongodb_uri: str, state_url: str, lake_root: str
 ) -> dg.Definitions:
-    return build_definitions(
-        config,
-        {
-            "mongo": MongoResource(uri=mongodb_uri),
-            "state": StateStoreResource(url=state_url),
-            "lake": LakeResource(root=lake_root),
-            "spark": SparkResource(master=os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]")),
-        },
+    resources = build_resources(
+        mongodb_uri=mongodb_uri,
+        state_url=state_url,
+        lake_root=lake_root,
+        spark_master=os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
     )
+    return build_definitions(config, resources)
 
 
 def run_sync(defs: dg.Definitions, stream: StreamConfig) -> Any:

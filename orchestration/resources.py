@@ -1,7 +1,8 @@
-"""Thin Dagster `ConfigurableResource` wrappers over Tidemark's plain factories.
+"""Thin Dagster `ConfigurableResource` wrappers over Tidemark's plain factories, and the one
+function that builds the resource dict the definitions need.
 
-Values come from `EnvVar`s in the definitions, so nothing is read at import time, and each
-run opens (and closes) its own connections.
+The code location passes `EnvVar`s, so nothing is read at import time, and each run opens
+(and closes) its own connections.
 """
 
 from __future__ import annotations
@@ -94,3 +95,30 @@ class SparkResource(dg.ConfigurableResource):
         # Only a session this resource started is stopped: a shared one stays up.
         if self._session is not None:
             stop_if_created(self._session, self._created)
+
+
+def build_resources(
+    *,
+    mongodb_uri: str | dg.EnvVar,
+    state_url: str | dg.EnvVar,
+    lake_root: str | dg.EnvVar,
+    spark_master: str | dg.EnvVar,
+) -> dict[str, Any]:
+    """The resources the assets and checks ask for, keyed by their parameter names. A value is
+    a plain string (the demo, tests) or an `EnvVar`, which Dagster reads when a run starts."""
+    return {
+        "mongo": MongoResource(uri=mongodb_uri),
+        "state": StateStoreResource(url=state_url),
+        "lake": LakeResource(root=lake_root),
+        "spark": SparkResource(master=spark_master),
+    }
+
+
+def env_resources() -> dict[str, Any]:
+    """The code location's resources: every setting from the environment, read at run time."""
+    return build_resources(
+        mongodb_uri=dg.EnvVar("MONGODB_URI"),
+        state_url=dg.EnvVar("TIDEMARK_STATE_URL"),
+        lake_root=dg.EnvVar("TIDEMARK_LAKE"),
+        spark_master=dg.EnvVar("TIDEMARK_SPARK_MASTER"),
+    )

@@ -13,12 +13,7 @@ import pytest
 
 from jobs.capture import ReplayRefused, replay
 from orchestration.definitions import build_definitions
-from orchestration.resources import (
-    LakeResource,
-    MongoResource,
-    SparkResource,
-    StateStoreResource,
-)
+from orchestration.resources import build_resources
 from tests.helpers.lake_reading import committed_table
 from tidemark.config import TidemarkConfig
 from tidemark.tokens import datetime_to_ts
@@ -44,12 +39,12 @@ def setup(mongod, spark, tmp_path, db_name):
                 ]
             }
         )
-        resources = {
-            "mongo": MongoResource(uri=mongod.uri),
-            "state": StateStoreResource(url=f"sqlite:///{tmp_path / 'state.db'}"),
-            "lake": LakeResource(root=str(tmp_path / "lake")),
-            "spark": SparkResource(master="local[2]"),
-        }
+        resources = build_resources(
+            mongodb_uri=mongod.uri,
+            state_url=f"sqlite:///{tmp_path / 'state.db'}",
+            lake_root=str(tmp_path / "lake"),
+            spark_master="local[2]",
+        )
         return config, build_definitions(config, resources), resources
 
     return make
@@ -79,8 +74,8 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         warnings.simplefilter("always")
         module = importlib.import_module("orchestration.definitions")
         dg.Definitions.validate_loadable(module.defs)
-        for job in module.defs.resolve_all_job_defs():
-            assert job.name
+        # Resolving the jobs is where Dagster warns about their selections, so inside the catch.
+        jobs = {job.name for job in module.defs.resolve_all_job_defs()}
     names = {type(w.message).__name__ for w in caught} | {w.category.__name__ for w in caught}
     assert not names & {"DeprecationWarning", "SupersessionWarning"}, [
         str(w.message) for w in caught
@@ -95,7 +90,30 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         "b/changes",
         "b/replay",
     }
-    assert module.defs.resolve_schedule_def("a_schedule").cron_schedule == "*/5 * * * *"
+    assert jobs - {"__ASSET_JOB"} == {
+        f"{stream}_{job}" for stream in "ab" for job in ("sync", "replay", "resnapshot")
+    }
+    for stream in "ab":
+        schedule = module.defs.resolve_schedule_def(f"{stream}_schedule")
+        assert schedule.job_name == f"{stream}_sync"
+        assert schedule.cron_schedule == "*/5 * * * *"
+        assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    # The code location reads every connection setting from the environment, at run time.
+    resources = module.defs.resources
+    assert set(resources) == {"mongo", "state", "lake", "spark"}
+    settings = [
+        resources["mongo"].uri,
+        resources["state"].url,
+        resources["lake"].root,
+        resources["spark"].master,
+    ]
+    assert all(isinstance(value, dg.EnvVar) for value in settings), settings
+    assert settings == [
+        "MONGODB_URI",
+        "TIDEMARK_STATE_URL",
+        "TIDEMARK_LAKE",
+        "TIDEMARK_SPARK_MASTER",
+    ]
 
 
 def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):

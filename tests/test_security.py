@@ -10,12 +10,7 @@ import pytest
 from pymongo import MongoClient
 
 from orchestration.definitions import build_definitions
-from orchestration.resources import (
-    LakeResource,
-    MongoResource,
-    SparkResource,
-    StateStoreResource,
-)
+from orchestration.resources import build_resources
 from tests.conftest import SECRET
 from tidemark.cli.commands import main
 from tidemark.config import TidemarkConfig
@@ -38,12 +33,12 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
             ]
         }
     )
-    resources = {
-        "mongo": MongoResource(uri=uri),
-        "state": StateStoreResource(url=f"sqlite:///{tmp_path / 'state.db'}"),
-        "lake": LakeResource(root=str(tmp_path / "lake")),
-        "spark": SparkResource(master="local[2]"),
-    }
+    resources = build_resources(
+        mongodb_uri=uri,
+        state_url=f"sqlite:///{tmp_path / 'state.db'}",
+        lake_root=str(tmp_path / "lake"),
+        spark_master="local[2]",
+    )
     defs = build_definitions(config, resources)
     job = defs.resolve_job_def("orders_sync")
     instance = dg.DagsterInstance.ephemeral()
@@ -53,7 +48,13 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
     run = job.execute_in_process(instance=instance)
     assert run.success  # find + changeStream (+ find on the oplog) are all a drain needs
     materialized = run.get_asset_materialization_events()
-    assert {e.asset_key.to_user_string() for e in materialized} >= {"orders/raw_changes"}
+    assert {e.asset_key.to_user_string() for e in materialized} == {
+        "orders/raw_changes",
+        "orders/changes",
+        "orders/current",
+    }
+    raw = next(e for e in materialized if e.asset_key == dg.AssetKey(["orders", "raw_changes"]))
+    assert raw.materialization.metadata["events_insert"].value == 5
 
     # The CLI too, with the URI in the environment, including a failing command.
     config_file = tmp_path / "streams.yaml"

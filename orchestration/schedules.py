@@ -1,0 +1,68 @@
+"""Per stream, the jobs that run its assets (sync, replay, resnapshot) and the sync schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from orchestration.assets import keys
+from tidemark.config import StreamConfig
+
+# What `define_asset_job` returns: Dagster does not export the class.
+AssetJob = Any
+
+
+def sync_job_name(stream: StreamConfig) -> str:
+    return f"{stream.name}_sync"
+
+
+def _drain_and_fold(stream: StreamConfig) -> dg.AssetSelection:
+    k = keys(stream)
+    selected = [k["raw_changes"], k["changes"]] + ([k["current"]] if stream.current_table else [])
+    return dg.AssetSelection.assets(*selected)
+
+
+def sync_job(stream: StreamConfig) -> AssetJob:
+    return dg.define_asset_job(
+        sync_job_name(stream),
+        selection=_drain_and_fold(stream),
+        # One process for the drain and the Spark step: one JVM per run, no pickling between.
+        executor_def=dg.in_process_executor,
+        description=f"Drain {stream.namespace} and fold it into changes and current.",
+    )
+
+
+def replay_job(stream: StreamConfig) -> AssetJob:
+    return dg.define_asset_job(
+        f"{stream.name}_replay",
+        selection=dg.AssetSelection.assets(keys(stream)["replay"]),
+        executor_def=dg.in_process_executor,
+        description=f"Replay operation-time windows of {stream.namespace}.",
+    )
+
+
+def resnapshot_job(stream: StreamConfig) -> AssetJob:
+    return dg.define_asset_job(
+        f"{stream.name}_resnapshot",
+        selection=_drain_and_fold(stream),
+        executor_def=dg.in_process_executor,
+        config={"ops": {f"{stream.name}__raw_changes": {"config": {"resnapshot": True}}}},
+        description=f"Copy {stream.namespace} afresh (a re-snapshot), then drain and fold it.",
+    )
+
+
+def stream_jobs(stream: StreamConfig) -> list[AssetJob]:
+    return [sync_job(stream), replay_job(stream), resnapshot_job(stream)]
+
+
+def sync_schedule(stream: StreamConfig) -> dg.ScheduleDefinition:
+    """The sync job on the stream's `schedule:` cron (UTC), on by default."""
+    return dg.ScheduleDefinition(
+        name=f"{stream.name}_schedule",
+        # By name: the job itself is listed once, in `stream_jobs`.
+        job_name=sync_job_name(stream),
+        cron_schedule=stream.schedule,
+        execution_timezone="UTC",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+    )
