@@ -21,6 +21,24 @@ from tidemark.config import StreamConfig
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
 
+# What the fast tier (`-m fast`, `make test-fast`) must never start: a mongod or a Spark session.
+SERVER_FIXTURES = frozenset({"mongod", "client", "raw_client", "auth_mongod", "spark"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `fast` that needs mongod or Spark, directly or through another fixture,
+    fails here, before either starts: the fast tier stays fast."""
+    if item.get_closest_marker("fast") is None:
+        return
+    needed = sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if needed:
+        pytest.fail(
+            f"{item.nodeid} is marked fast but needs {', '.join(needed)}: the fast tier runs "
+            "without mongod and Spark. Remove the fast mark or the fixture.",
+            pytrace=False,
+        )
+
 
 @pytest.fixture(scope="session")
 def mongod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongod]:

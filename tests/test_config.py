@@ -10,6 +10,8 @@ import pytest
 from tidemark.config import StreamConfig, load_config
 from tidemark.errors import ConfigError, UnknownStream
 
+pytestmark = pytest.mark.fast
+
 GOOD = """
 streams:
   - name: orders

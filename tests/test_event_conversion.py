@@ -153,6 +153,7 @@ def _insert_event(n: int, document_key: dict) -> bytes:
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "key",
     [
@@ -204,6 +205,7 @@ def test_a_drain_of_document_keys_holding_a_regex_folds_into_current(
     }
 
 
+@pytest.mark.fast
 def test_documents_of_4_kb_and_more_convert_to_json() -> None:
     """pymongo (4.18+) hands out sub-documents of 4 KB and more as memoryviews."""
     full = {"_id": 1, "pad": "x" * 5000}

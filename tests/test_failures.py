@@ -102,6 +102,7 @@ def test_changed_options_before_any_position_just_take_effect(store, make_stream
     assert store.ensure_stream(changed).fingerprint == changed.fingerprint()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("uri", "expected"),
     [
@@ -139,6 +140,7 @@ def test_lake_that_is_a_file_is_a_clear_error(raw_client, sqlite_store, make_str
     assert sqlite_store.checkpoint("orders") is None  # refused before anything was registered
 
 
+@pytest.mark.fast
 def test_password_never_reaches_the_error(tmp_path: Path):
     with pytest.raises(MongoConnectionError) as refused:
         connect("mongodb://admin:hunter2@127.0.0.1:1/", timeout_ms=300)
@@ -200,6 +202,7 @@ def test_names_from_data_never_reach_a_path(
     assert {r["coll"] for r in rows} == {collection}
 
 
+@pytest.mark.fast
 def test_runs_in_threads_of_one_process_probe_the_lake_without_tripping_each_other(tmp_path):
     """The soak found it: two runs in one process shared the write probe's name, and one
     run's cleanup made the other report the lake as not writable."""
