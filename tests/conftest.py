@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 from resources.embedded_mongo import Mongod, start_mongod, stop_mongod
 from resources.mongo import connect
 from state.store import StateStore, normalize_url
+from tests.helpers.credentials import SECRET
 from tidemark.config import StreamConfig
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
@@ -157,9 +158,6 @@ def spark():
     session, created = spark_session(SparkConfig(master="local[2]", driver_memory="2g"))
     yield session
     stop_if_created(session, created)
-
-
-SECRET = "s3cr3t-Pa55-w0rd"
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,9 @@ from pymongo import MongoClient
 
 from jobs.capture import drain
 from resources.embedded_mongo import start_mongod, stop_mongod
-from resources.mongo import connect, oplog_window
+from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
+from tests.helpers.oplog import roll_oplog_past
 from tidemark.errors import (
     HistoryLost,
     LakeError,
@@ -21,23 +21,6 @@ from tidemark.errors import (
     StreamDefinitionChanged,
     TidemarkError,
 )
-from tidemark.tokens import pack_ts
-
-
-def roll_oplog_past(client: MongoClient, packed_ts: int) -> None:
-    """Write to a tiny oplog until its first entry lies after `packed_ts`.
-
-    Truncation happens only after a checkpoint and on a later write, so write, fsync, repeat.
-    """
-    blob = "x" * 100_000
-    for _ in range(60):
-        client.shop.filler.insert_many([{"blob": blob} for _ in range(20)])
-        client.admin.command("fsync")
-        window = oplog_window(client)
-        if window and pack_ts(window.first) > packed_ts:
-            return
-        time.sleep(0.5)
-    raise AssertionError("the oplog was never truncated past the token")
 
 
 def test_standalone_server_is_refused_with_the_replica_set_message(tmp_path):
