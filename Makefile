@@ -7,13 +7,17 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test soak ui workload browser install lint format check-python check-java mongod-stop clean
+.PHONY: demo test test-fast soak ui workload browser install lint format check-python check-java mongod-stop clean
 
 demo: check-java install
 	$(BIN)/tidemark demo
 
 test: check-java install browser
 	$(BIN)/pytest
+
+# The fast tier: the tests marked `fast`, which need no mongod and no Spark (seconds, not minutes).
+test-fast: install
+	$(BIN)/pytest -m fast
 
 # The torture harness for as long as you like: make soak [SEED=N] [MINUTES=M] (prints a table).
 soak: check-java install

@@ -18,9 +18,28 @@ from resources.embedded_mongo import Mongod, start_mongod, stop_mongod
 from resources.mongo import connect
 from state import StateStore
 from state.engine import normalize_url
+from tests.helpers.credentials import SECRET
 from tidemark.config import StreamConfig
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
+
+# What the fast tier (`-m fast`, `make test-fast`) must never start: a mongod or a Spark session.
+SERVER_FIXTURES = frozenset({"mongod", "client", "raw_client", "auth_mongod", "spark"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `fast` that needs mongod or Spark, directly or through another fixture,
+    fails here, before either starts: the fast tier stays fast."""
+    if item.get_closest_marker("fast") is None:
+        return
+    needed = sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if needed:
+        pytest.fail(
+            f"{item.nodeid} is marked fast but needs {', '.join(needed)}: the fast tier runs "
+            "without mongod and Spark. Remove the fast mark or the fixture.",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -140,9 +159,6 @@ def spark():
     session, created = spark_session(SparkConfig(master="local[2]", driver_memory="2g"))
     yield session
     stop_if_created(session, created)
-
-
-SECRET = "s3cr3t-Pa55-w0rd"
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from state import StateStore, schema
-from tests.conftest import SECRET
+from tests.helpers.credentials import SECRET
 from tidemark.cli.commands import main
 
 GOOD = "streams:\n  - {name: orders, database: DB, collection: orders, max_await_time_ms: 300}\n"

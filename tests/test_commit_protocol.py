@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -17,43 +15,10 @@ import pytest
 from jobs.capture import drain
 from jobs.ops import collect_garbage
 from state import NewPosition, StateStore
+from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.errors import CheckpointConflict, LeaseHeld, LeaseLost
 from tidemark.tokens import token_from_json
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _start_child(mongod, state_url, lake, stream, ready: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.helpers.drain_child",
-            mongod.uri,
-            state_url,
-            str(lake),
-            stream.model_dump_json(),
-            str(ready),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _wait_for(path: Path, child: subprocess.Popen, timeout: float = 60) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if child.poll() is not None:
-            raise AssertionError(f"child exited early: {child.stderr.read()}")
-        if time.monotonic() > deadline:
-            child.kill()
-            raise AssertionError("child never reached its commit")
-        time.sleep(0.05)
-    time.sleep(0.05)  # the file is written in one call; let it land
-    return json.loads(path.read_text())
 
 
 def test_sigkill_before_commit_then_exactly_once_and_gc(
@@ -65,8 +30,8 @@ def test_sigkill_before_commit_then_exactly_once_and_gc(
     client[db_name]["orders"].insert_many([{"i": i} for i in range(300)])
 
     ready = tmp_path / "ready"
-    child = _start_child(mongod, state_url, lake, stream, ready)
-    orphan_paths = _wait_for(ready, child)
+    child = start_drain_child(mongod, state_url, lake, stream, ready)
+    orphan_paths = wait_until_ready(ready, child)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert child.returncode == -signal.SIGKILL
@@ -100,8 +65,8 @@ def test_two_concurrent_drains_one_fails_fast_no_double_commit(
     client[db_name]["orders"].insert_many([{"i": i} for i in range(120)])
 
     ready = tmp_path / "ready"
-    child = _start_child(mongod, state_url, lake, stream, ready)
-    _wait_for(ready, child)  # the child holds the lease and waits before its commit
+    child = start_drain_child(mongod, state_url, lake, stream, ready)
+    wait_until_ready(ready, child)  # the child holds the lease and waits before its commit
 
     started = time.monotonic()
     with pytest.raises(LeaseHeld) as refused:

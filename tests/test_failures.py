@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,9 @@ from pymongo import MongoClient
 
 from jobs.capture import drain
 from resources.embedded_mongo import start_mongod, stop_mongod
-from resources.mongo import connect, oplog_window
+from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
+from tests.helpers.oplog import roll_oplog_past
 from tidemark.errors import (
     HistoryLost,
     LakeError,
@@ -21,23 +21,6 @@ from tidemark.errors import (
     StreamDefinitionChanged,
     TidemarkError,
 )
-from tidemark.tokens import pack_ts
-
-
-def roll_oplog_past(client: MongoClient, packed_ts: int) -> None:
-    """Write to a tiny oplog until its first entry lies after `packed_ts`.
-
-    Truncation happens only after a checkpoint and on a later write, so write, fsync, repeat.
-    """
-    blob = "x" * 100_000
-    for _ in range(60):
-        client.shop.filler.insert_many([{"blob": blob} for _ in range(20)])
-        client.admin.command("fsync")
-        window = oplog_window(client)
-        if window and pack_ts(window.first) > packed_ts:
-            return
-        time.sleep(0.5)
-    raise AssertionError("the oplog was never truncated past the token")
 
 
 def test_standalone_server_is_refused_with_the_replica_set_message(tmp_path):
@@ -102,6 +85,7 @@ def test_changed_options_before_any_position_just_take_effect(store, make_stream
     assert store.ensure_stream(changed).fingerprint == changed.fingerprint()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("uri", "expected"),
     [
@@ -139,6 +123,7 @@ def test_lake_that_is_a_file_is_a_clear_error(raw_client, sqlite_store, make_str
     assert sqlite_store.checkpoint("orders") is None  # refused before anything was registered
 
 
+@pytest.mark.fast
 def test_password_never_reaches_the_error(tmp_path: Path):
     with pytest.raises(MongoConnectionError) as refused:
         connect("mongodb://admin:hunter2@127.0.0.1:1/", timeout_ms=300)
@@ -200,6 +185,7 @@ def test_names_from_data_never_reach_a_path(
     assert {r["coll"] for r in rows} == {collection}
 
 
+@pytest.mark.fast
 def test_runs_in_threads_of_one_process_probe_the_lake_without_tripping_each_other(tmp_path):
     """The soak found it: two runs in one process shared the write probe's name, and one
     run's cleanup made the other report the lake as not writable."""

@@ -11,7 +11,7 @@ from pymongo import MongoClient
 
 from orchestration.definitions import build_definitions
 from orchestration.resources import build_resources
-from tests.conftest import SECRET
+from tests.helpers.credentials import SECRET
 from tidemark.cli.commands import main
 from tidemark.config import TidemarkConfig
 

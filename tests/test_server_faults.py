@@ -16,9 +16,9 @@ from jobs.capture import drain, drain_until_caught_up
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from state import StateStore
+from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.tcp_proxy import TcpProxy
-from tests.test_commit_protocol import _start_child, _wait_for
 from tidemark.errors import MongoConnectionError
 
 
@@ -41,8 +41,8 @@ def test_state_store_gone_at_commit_moves_no_token_and_loses_nothing(
     client[db_name]["orders"].insert_many([{"_id": i} for i in range(50)])
 
     ready = tmp_path / "ready"
-    child = _start_child(mongod, url, lake, stream, ready)
-    written = _wait_for(ready, child)
+    child = start_drain_child(mongod, url, lake, stream, ready)
+    written = wait_until_ready(ready, child)
     proxy.cut()  # PostgreSQL goes away just before the commit
     Path(str(ready) + ".go").touch()
     _, err = child.communicate(timeout=120)

@@ -28,8 +28,8 @@ from jobs.capture.snapshot import key_from_text, read_chunk
 from jobs.transform import read_current, transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
+from tests.helpers.oplog import roll_oplog_past
 from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state
-from tests.test_failures import roll_oplog_past
 from tidemark.errors import HistoryLost
 from tidemark.tokens import CANONICAL
 

@@ -23,6 +23,7 @@ from state import (
 from tidemark.errors import StateStoreError
 
 
+@pytest.mark.fast
 def test_schema_installs_once_and_refuses_another_version(state_url):
     first = StateStore(state_url)
     StateStore(state_url).close()  # opening again is harmless
@@ -93,6 +94,7 @@ def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
     store.ensure_stream(new)  # the new definition is now the registered one
 
 
+@pytest.mark.fast
 def test_unreachable_database_is_a_clear_error_without_the_password():
     with pytest.raises(StateStoreError) as refused:
         StateStore("postgresql://tm:topsecret@127.0.0.1:1/tidemark?connect_timeout=2")

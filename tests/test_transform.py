@@ -19,7 +19,7 @@ from tests.helpers.oracle import (
     seed_collection,
     source_state,
 )
-from tidemark.errors import StreamInvalidated
+from tidemark.errors import StreamInvalidated, TidemarkError
 
 
 @pytest.mark.slow
@@ -30,13 +30,13 @@ def test_oracle_current_equals_source_after_every_increment(
     rng = random.Random(seed)
     stream = make_stream(budget={"max_events": 7000})  # several runs per increment
     drain(stream, raw_client, sqlite_store, lake)
-    operations = seed_collection(client, db_name, "orders", rng)
+    seed_collection(client, db_name, "orders", rng)
     drained = 0
     for increment in range(6):
-        operations += burst(client, db_name, "orders", rng, 3500)
+        burst(client, db_name, "orders", rng, 3500)
         if increment == 3:
-            operations += drop_and_recreate(client, db_name, "orders", rng)
-            operations += burst(client, db_name, "orders", rng, 300)
+            drop_and_recreate(client, db_name, "orders", rng)
+            burst(client, db_name, "orders", rng, 300)
         drained += drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         result = transform(spark, sqlite_store, lake, stream)
         assert result.version is not None
@@ -47,7 +47,7 @@ def test_oracle_current_equals_source_after_every_increment(
         different = [k for k in expected if got[k] != expected[k]]
         assert not different, f"increment {increment}: {len(different)} documents differ"
 
-    assert operations >= 20_000
+    assert drained > 15_000  # ~21,000 writes; those that change nothing make no event
     changes = read_changes(spark, lake, stream.name)
     assert changes.count() == drained  # every event exactly once
     assert changes.select("event_id").distinct().count() == drained
@@ -115,7 +115,7 @@ def test_previous_version_is_the_state_before_the_last_run(
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == snapshots[3]
     kept = [v.version for v in TransformState(sqlite_store).versions(stream.name)]
     assert kept == [2, 3]  # keep_versions=2: version 1 was pruned
-    with pytest.raises(Exception, match="not kept"):
+    with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)
 
 

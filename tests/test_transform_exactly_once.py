@@ -15,7 +15,7 @@ from jobs.transform.run import LEASE_TTL, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
-from tidemark.errors import LeaseLost
+from tidemark.errors import LeaseLost, TidemarkError
 
 # -- 4: deleted documents never come back -----------------------------------------------------
 
@@ -246,7 +246,7 @@ def test_a_reader_of_the_previous_version_finishes_after_the_next_commit(
     drain(stream, raw_client, sqlite_store, lake)
     assert transform(spark, sqlite_store, lake, stream).version == 2
     assert current_state(reader) == expected_first  # its files are still there
-    with pytest.raises(Exception, match="not kept"):
+    with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)  # but no new reader finds it
 
     coll.insert_one({"_id": 50})
