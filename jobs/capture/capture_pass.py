@@ -35,7 +35,7 @@ from jobs.capture._bson import RawDocuments
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
-from state import BatchRecord, FileEntry
+from state import BatchRecord, BatchSource, FileEntry
 from state.leases import CAPTURE_LEASE_TTL as LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
@@ -272,7 +272,12 @@ def capture_pass(
 
 
 def batch_record(
-    batch_id: str, stream: str, source: str, got: Capture, files: list[FileEntry], **extra: Any
+    batch_id: str,
+    stream: str,
+    source: BatchSource,
+    got: Capture,
+    files: list[FileEntry],
+    **extra: Any,
 ) -> BatchRecord:
     return BatchRecord(
         id=batch_id,
