@@ -10,10 +10,10 @@ from sqlalchemy import update
 
 import jobs.transform.run as transform_module
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import read_current
-from jobs.transform.run import LEASE_TTL, transform
+from jobs.transform import read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
+from state.leases import TRANSFORM_LEASE_TTL
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
 from tidemark.errors import LeaseLost, TidemarkError
 
@@ -176,7 +176,7 @@ def test_the_transform_renews_its_lease_between_phases(
 
     transform(spark, sqlite_store, lake, stream, before_commit=look)
     # Renewed after the fold: the expiry is later than the acquisition's own.
-    assert seen[0].expires_at > seen[0].acquired_at + LEASE_TTL
+    assert seen[0].expires_at > seen[0].acquired_at + TRANSFORM_LEASE_TTL
 
 
 # -- 10: a rename out of the watched scope removes the documents --------------------------------

@@ -20,7 +20,6 @@ from bson import Timestamp
 from pymongo import MongoClient
 
 from jobs.capture.capture_pass import (
-    LEASE_TTL,
     Capture,
     PassBounds,
     StopReason,
@@ -41,6 +40,7 @@ from state import (
     StateStore,
     new_batch_id,
 )
+from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
 from tidemark.tokens import (
@@ -158,7 +158,7 @@ def drain(
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     ensure_writable(lake_root)
-    lease = store.acquire_lease(stream.name, LEASE_TTL)
+    lease = store.acquire_lease(stream.name, CAPTURE_LEASE_TTL)
     try:
         # Under the lease: a run that may not drain must not change the stream's definition
         # either, or the running one would commit its token under the other's fingerprint.
@@ -290,7 +290,7 @@ def _incremental(
     bounds = PassBounds(past_horizon, stream.budget)
     batch_id = new_batch_id()
     writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
-    keep_alive = lambda: store.renew_lease(lease, LEASE_TTL)  # noqa: E731
+    keep_alive = lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL)  # noqa: E731
     at = position_time(checkpoint, options)
     try:
         got = capture_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
@@ -323,7 +323,9 @@ def _incremental(
         )
     version = None
     if batch is not None or position is not None:
-        version = store.commit_batch(lease, checkpoint.version, batch, position, ttl=LEASE_TTL)
+        version = store.commit_batch(
+            lease, checkpoint.version, batch, position, ttl=CAPTURE_LEASE_TTL
+        )
     return DrainResult.of(
         stream.name,
         batch_id,

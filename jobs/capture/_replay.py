@@ -17,7 +17,6 @@ from pymongo import MongoClient
 
 from jobs.capture._drain import DrainResult
 from jobs.capture.capture_pass import (
-    LEASE_TTL,
     PassBounds,
     batch_record,
     capture_pass,
@@ -27,6 +26,7 @@ from jobs.capture.writer import RawBatchWriter
 from jobs.lake import ensure_writable
 from resources.mongo import cluster_time, oplog_window
 from state import FileEntry, StateStore, new_batch_id
+from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import TidemarkError
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
@@ -79,7 +79,7 @@ def replay(
     ensure_writable(lake_root)
     check_window(stream.name, client, start, end)
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(replay_lease(stream.name), LEASE_TTL)
+    lease = store.acquire_lease(replay_lease(stream.name), CAPTURE_LEASE_TTL)
     try:
         start_ts, end_ts = datetime_to_ts(start), datetime_to_ts(end)
 
@@ -96,7 +96,7 @@ def replay(
             writer,
             {"startAtOperationTime": start_ts},
             bounds,
-            lambda: store.renew_lease(lease, LEASE_TTL),
+            lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL),
             position_time=start_ts,
             follow_invalidate=stream.on_invalidate == "continue",
         )
@@ -112,7 +112,7 @@ def replay(
                 window_start=pack_ts(start_ts),
                 window_end=pack_ts(end_ts),
             )
-            store.commit_batch(lease, None, batch, None, ttl=LEASE_TTL)
+            store.commit_batch(lease, None, batch, None, ttl=CAPTURE_LEASE_TTL)
     finally:
         store.release_lease(lease)
     return DrainResult.of(stream.name, batch_id, got, writer.files, end_ts, started_at, clock)

@@ -36,7 +36,7 @@ from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
 from state import BatchRecord, BatchSource, FileEntry
-from state.leases import CAPTURE_LEASE_TTL as LEASE_TTL
+from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
 from tidemark.tokens import pack_ts
@@ -177,7 +177,7 @@ def capture(
     for reply in reader.replies():
         events = reply.events
         now = time.monotonic()
-        if now - renewed > LEASE_TTL.total_seconds() / 3:
+        if now - renewed > CAPTURE_LEASE_TTL.total_seconds() / 3:
             keep_alive()
             renewed = now
         if not events:

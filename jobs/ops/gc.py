@@ -14,10 +14,11 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.capture.capture_pass import LEASE_TTL, writer_leases
+from jobs.capture.capture_pass import writer_leases
 from jobs.lake import SweepResult, sweep_orphans
 from jobs.raw_zone import RAW
 from state import Lease, StateStore
+from state.leases import CAPTURE_LEASE_TTL
 from tidemark.errors import LeaseHeld, StateStoreError
 
 
@@ -41,7 +42,7 @@ def collect_garbage(
         held: list[Lease] = []
         try:
             for name in writer_leases(stream):
-                held.append(store.acquire_lease(name, LEASE_TTL))
+                held.append(store.acquire_lease(name, CAPTURE_LEASE_TTL))
         except LeaseHeld:
             _release(store, held)
             sweeps.append(StreamSweep(stream, None, "skipped: a run holds its lease"))

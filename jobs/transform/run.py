@@ -57,7 +57,7 @@ from jobs.transform.tables import (
     version_dir_name,
 )
 from state import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
-from state.leases import TRANSFORM_LEASE_TTL as LEASE_TTL
+from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
 
 STATE_SCHEMA = StructType(
@@ -240,7 +240,7 @@ def transform(
     clock = time.monotonic()
     tstate = TransformState(store)
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(f"transform:{stream.name}", LEASE_TTL)
+    lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
     try:
         publish_staged(tstate, lake_root, stream.name)
         _remove_uncommitted(tstate, lake_root, stream.name)
@@ -256,7 +256,7 @@ def transform(
         delta = _stage_new_events(spark, lake_root, stream.name, batches, stage)
         events_read = sum(b.event_count for b in batches)
         added = delta.count() if delta is not None else 0
-        store.renew_lease(lease, LEASE_TTL)  # between phases: LeaseLost if taken over
+        store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if taken over
 
         record = None
         schema_report: dict[str, list[str]] = {}
@@ -270,7 +270,7 @@ def transform(
             record = replace(record, changes_staging=relative(lake_root, stage))
         else:
             shutil.rmtree(stage, ignore_errors=True)
-        store.renew_lease(lease, LEASE_TTL)
+        store.renew_lease(lease, TRANSFORM_LEASE_TTL)
         if before_commit is not None:
             before_commit()
         tstate.commit(
