@@ -8,7 +8,9 @@ stream never both commit, and a batch is folded by exactly one committed run.
 
 from __future__ import annotations
 
-from sqlalchemy import func, insert, select, update
+from typing import Any
+
+from sqlalchemy import Select, func, insert, select, update
 
 from state import schema
 from state.leases import TRANSFORM_LEASE_TTL
@@ -65,13 +67,8 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        v = schema.current_versions
-        query = select(v).where(v.c.stream == stream, v.c.path.is_not(None))
-        query = query.order_by(v.c.version)
-        if not include_pruned:
-            query = query.where(v.c.pruned_at.is_(None))
-        with self.store.transaction("version list") as conn:
-            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+        query = _runs(stream, with_version=True, include_pruned=include_pruned)
+        return self._read("version list", query.order_by(_V.c.version))
 
     def runs(self, stream: str) -> list[CurrentVersion]:
         """Every committed run, with or without a current-state version, oldest first.
@@ -79,10 +76,7 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        v = schema.current_versions
-        query = select(v).where(v.c.stream == stream).order_by(v.c.version)
-        with self.store.transaction("run list") as conn:
-            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+        return self._read("run list", _runs(stream).order_by(_V.c.version))
 
     def latest(self, stream: str) -> CurrentVersion | None:
         """The newest committed run (its number is the next run's compare-and-set base).
@@ -90,11 +84,7 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        v = schema.current_versions
-        query = select(v).where(v.c.stream == stream).order_by(v.c.version.desc()).limit(1)
-        with self.store.transaction("run list") as conn:
-            row = conn.execute(query).first()
-        return CurrentVersion(**dict(row._mapping)) if row else None
+        return _first(self._read("run list", _newest(_runs(stream))))
 
     def latest_version(self, stream: str) -> CurrentVersion | None:
         """The newest current-state version, pruned or not.
@@ -102,16 +92,12 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        v = schema.current_versions
-        query = (
-            select(v)
-            .where(v.c.stream == stream, v.c.path.is_not(None))
-            .order_by(v.c.version.desc())
-            .limit(1)
-        )
-        with self.store.transaction("version list") as conn:
-            row = conn.execute(query).first()
-        return CurrentVersion(**dict(row._mapping)) if row else None
+        query = _newest(_runs(stream, with_version=True, include_pruned=True))
+        return _first(self._read("version list", query))
+
+    def _read(self, what: str, query: Select[Any]) -> list[CurrentVersion]:
+        with self.store.transaction(what) as conn:
+            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
 
     def commit(
         self,
@@ -171,13 +157,7 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        v = schema.current_versions
-        with self.store.transaction("publish") as conn:
-            conn.execute(
-                update(v)
-                .where(v.c.stream == stream, v.c.version == version)
-                .values(changes_staging=None)
-            )
+        self._update_run("publish", stream, version, changes_staging=None)
 
     def mark_pruned(self, stream: str, version: int) -> None:
         """Take version `version` of `current` out of the list readers resolve (`versions`); a
@@ -186,10 +166,32 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        v = schema.current_versions
-        with self.store.transaction("prune") as conn:
+        self._update_run("prune", stream, version, pruned_at=utc_now())
+
+    def _update_run(self, what: str, stream: str, version: int, **values: Any) -> None:
+        with self.store.transaction(what) as conn:
             conn.execute(
-                update(v)
-                .where(v.c.stream == stream, v.c.version == version)
-                .values(pruned_at=utc_now())
+                update(_V).where(_V.c.stream == stream, _V.c.version == version).values(**values)
             )
+
+
+_V = schema.current_versions
+
+
+def _runs(stream: str, with_version: bool = False, include_pruned: bool = True) -> Select[Any]:
+    """The stream's committed runs; only those that wrote a version of `current`, and only
+    versions not pruned, when asked."""
+    query = select(_V).where(_V.c.stream == stream)
+    if with_version:
+        query = query.where(_V.c.path.is_not(None))
+    if not include_pruned:
+        query = query.where(_V.c.pruned_at.is_(None))
+    return query
+
+
+def _newest(query: Select[Any]) -> Select[Any]:
+    return query.order_by(_V.c.version.desc()).limit(1)
+
+
+def _first(found: list[CurrentVersion]) -> CurrentVersion | None:
+    return found[0] if found else None
