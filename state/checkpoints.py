@@ -51,15 +51,7 @@ def ensure_stream(conn: Connection, stream: StreamConfig) -> Checkpoint:
                 "--to-now` (or --to-time T) to start the new definition from a chosen "
                 "point; the reset is recorded in the state store.",
             )
-        conn.execute(
-            update(schema.streams)
-            .where(schema.streams.c.name == stream.name)
-            .values(
-                fingerprint=fingerprint,
-                definition=json.dumps(definition, default=str),
-                updated_at=utc_now(),
-            )
-        )
+        _set_definition(conn, stream, utc_now())
         # The version moves too: a run that began under the old definition can then no
         # longer commit (compare-and-set), whatever the order of the two.
         conn.execute(
@@ -85,13 +77,7 @@ def _register(conn: Connection, stream: StreamConfig) -> None:
     now = utc_now()
     fingerprint = stream.fingerprint()
     conn.execute(
-        insert(schema.streams).values(
-            name=stream.name,
-            fingerprint=fingerprint,
-            definition=json.dumps(stream.token_definition(), default=str),
-            created_at=now,
-            updated_at=now,
-        )
+        insert(schema.streams).values(name=stream.name, created_at=now, **_definition(stream, now))
     )
     conn.execute(
         insert(schema.checkpoints).values(
@@ -101,6 +87,23 @@ def _register(conn: Connection, stream: StreamConfig) -> None:
             version=0,
             updated_at=now,
         )
+    )
+
+
+def _definition(stream: StreamConfig, now: datetime) -> dict[str, Any]:
+    """The streams row's columns that say which definition its tokens belong to."""
+    return {
+        "fingerprint": stream.fingerprint(),
+        "definition": json.dumps(stream.token_definition(), default=str),
+        "updated_at": now,
+    }
+
+
+def _set_definition(conn: Connection, stream: StreamConfig, now: datetime) -> None:
+    conn.execute(
+        update(schema.streams)
+        .where(schema.streams.c.name == stream.name)
+        .values(**_definition(stream, now))
     )
 
 
@@ -161,16 +164,8 @@ def reset_to(
 ) -> None:
     """Make `stream`'s definition the registered one and move its checkpoint to `position`."""
     now = utc_now()
-    conn.execute(
-        update(schema.streams)
-        .where(schema.streams.c.name == stream.name)
-        .values(
-            fingerprint=stream.fingerprint(),
-            definition=json.dumps(stream.token_definition(), default=str),
-            updated_at=now,
-        )
-    )
-    move_checkpoint(conn, stream.name, position, description, actor, stream.fingerprint(), now)
+    _set_definition(conn, stream, now)
+    move_checkpoint(conn, stream.name, position, description, actor, now, stream.fingerprint())
 
 
 def move_checkpoint(
@@ -179,11 +174,17 @@ def move_checkpoint(
     position: NewPosition,
     description: str,
     actor: str,
-    fingerprint: str,
     now: datetime,
+    fingerprint: str | None = None,
 ) -> None:
-    """An explicit move (reset, snapshot): the checkpoint, and a line in the reset history."""
+    """An explicit move (reset, snapshot): the checkpoint, and a line in the reset history.
+
+    `fingerprint` is the definition the new position belongs to; None keeps the checkpoint's.
+    """
     old = read_checkpoint(conn, stream)
+    if fingerprint is None:
+        assert old is not None, "a checkpoint keeps its fingerprint only if it exists"
+        fingerprint = old.fingerprint
     conn.execute(
         insert(schema.resets).values(
             stream=stream,

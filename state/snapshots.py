@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, insert, select, update
 
 from state import schema
-from state.checkpoints import move_checkpoint, read_checkpoint
+from state.checkpoints import move_checkpoint
 from state.records import NewPosition, SnapshotRecord, SnapshotStatus
 from state.schema import utc_now
 from tidemark.errors import CheckpointConflict
@@ -24,13 +24,11 @@ from tidemark.errors import CheckpointConflict
 
 def start_snapshot(conn: Connection, snapshot: SnapshotRecord, actor: str) -> None:
     """Record `snapshot` and move its stream's checkpoint to the snapshot's time T."""
-    old = read_checkpoint(conn, snapshot.stream)
     conn.execute(
         insert(schema.snapshots).values(
             **{**asdict(snapshot), "namespaces": json.dumps(snapshot.namespaces)}
         )
     )
-    assert old is not None
     move_checkpoint(
         conn,
         snapshot.stream,
@@ -40,7 +38,6 @@ def start_snapshot(conn: Connection, snapshot: SnapshotRecord, actor: str) -> No
         ),
         f"snapshot {snapshot.id} ({snapshot.reason})",
         actor,
-        old.fingerprint,
         utc_now(),
     )
 
