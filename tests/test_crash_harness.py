@@ -78,7 +78,8 @@ def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
         for e in direct_events(raw_client[db_name]["orders"], token_from_json(start))
     ]
     logged = [
-        r.event_id for r in read_changes(spark, lake, stream.name).select("event_id").collect()
+        r.event_id
+        for r in read_changes(spark, sqlite_store, lake, stream.name).select("event_id").collect()
     ]
     assert len(logged) == len(set(logged))  # no event twice
     assert sorted(logged) == sorted(reference)  # and none missing

@@ -8,9 +8,10 @@ import bson
 import pytest
 from sqlalchemy import update
 
-import jobs.transform.run as transform_module
+import jobs.transform.versions as transform_module
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import read_current, transform
+from jobs.ops import collect_garbage
+from jobs.transform import compact, read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from state.leases import TRANSFORM_LEASE_TTL
@@ -227,10 +228,10 @@ def test_a_database_stream_moves_renames_inside_it_and_drops_renames_out_of_it(
         client.drop_database(other)
 
 
-# -- 11: pruning keeps the previous version's files for one more run ----------------------------
+# -- 11: pruning keeps the previous version's files while a reader may need them ------------
 
 
-def test_a_reader_of_the_previous_version_finishes_after_the_next_commit(
+def test_a_reader_of_a_pruned_version_finishes_and_gc_frees_it_after_compaction(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     stream = make_stream(keep_versions=1)
@@ -244,18 +245,25 @@ def test_a_reader_of_the_previous_version_finishes_after_the_next_commit(
 
     coll.delete_many({"_id": {"$lt": 3}})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).version == 2
-    assert current_state(reader) == expected_first  # its files are still there
+    second = transform(spark, sqlite_store, lake, stream)
+    assert (second.version, second.kind) == (2, "delta")
     with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2 "):
-        read_current(spark, sqlite_store, lake, stream.name, 1)  # but no new reader finds it
+        read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
 
     coll.insert_one({"_id": 50})
     drain(stream, raw_client, sqlite_store, lake)
     assert transform(spark, sqlite_store, lake, stream).version == 3
+    compacted = compact(spark, sqlite_store, lake, stream)
+    assert (compacted.version, compacted.deltas) == (4, 2)
+    collect_garbage(lake, sqlite_store, min_age_seconds=3600)  # pruned moments ago: kept
+    assert current_state(reader) == expected_first  # the old reader still finishes
     tstate = TransformState(sqlite_store)
-    on_disk = {p.name for p in (lake / "curated" / stream.name / "current").iterdir()}
     paths = {v.version: v.path.rsplit("/", 1)[-1] for v in tstate.versions(stream.name, True)}
-    assert on_disk == {paths[2], paths[3]}  # version 1's files went in the run after its prune
+    current_dir = lake / "curated" / stream.name / "current"
+    assert {p.name for p in current_dir.iterdir()} == set(paths.values())
+
+    collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    assert {p.name for p in current_dir.iterdir()} == {paths[4]}  # one base is the table
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
