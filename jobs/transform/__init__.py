@@ -7,12 +7,19 @@ read the curated tables (`tables`). The fold's rule lives in `fold`, document co
 `doc_columns`.
 """
 
-from jobs.transform.compact import CompactionResult, compact, delta_debt, needs_compaction
+from jobs.transform.compact import (
+    CompactionResult,
+    DeltaDebt,
+    compact,
+    delta_debt,
+    needs_compaction,
+)
 from jobs.transform.readers import read_changes, read_current
 from jobs.transform.run import SparkSource, TransformResult, transform
 
 __all__ = [
     "CompactionResult",
+    "DeltaDebt",
     "SparkSource",
     "TransformResult",
     "compact",
