@@ -88,6 +88,17 @@ def change_log_rows(raw: DataFrame) -> DataFrame:
     )
 
 
+def _event_id_range(raw: DataFrame, batches: list[BatchRecord]) -> tuple[str | None, str | None]:
+    """The batches' lowest and highest event id: from the manifest when every batch records
+    them (a capture pass reads events in order), otherwise from the files (a Spark job)."""
+    firsts = [b.first_event_id for b in batches]
+    lasts = [b.last_event_id for b in batches]
+    if all(firsts) and all(lasts):
+        return min(f for f in firsts if f), max(last for last in lasts if last)
+    low, high = raw.agg(F.min("event_id"), F.max("event_id")).first() or (None, None)
+    return low, high
+
+
 def log_new_events(
     spark: SparkSession,
     tstate: TransformState,
@@ -101,8 +112,8 @@ def log_new_events(
     if not batches:
         return None
     raw = _raw_events(spark, lake_root, stream, batches)
-    low, high = raw.agg(F.min("event_id"), F.max("event_id")).first() or (None, None)
-    if low is None:
+    low, high = _event_id_range(raw, batches)
+    if low is None or high is None:
         return None
     events = change_log_rows(raw)
     overlapping = tstate.change_log_runs(stream, low, high)

@@ -52,6 +52,7 @@ class TransformResult:
     schema: dict[str, list[str]] = field(default_factory=dict)
     duration_s: float = 0.0
     kind: str | None = None  # "base" or "delta" when a version was made
+    seconds: dict[str, float] = field(default_factory=dict)  # where the run's time went
 
 
 def _behind_change_log(tstate: TransformState, stream: str) -> bool:
@@ -81,9 +82,13 @@ def transform(
         backfill = stream.current_table and _behind_change_log(tstate, stream.name)
         if not batches and not backfill:
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
+        phases = {"plan": time.monotonic() - clock}
+        mark = time.monotonic()
         session = spark if isinstance(spark, SparkSession) else spark()
+        phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
         run = ((latest.version if latest else 0) + 1, new_batch_id())
         new = log_new_events(session, tstate, lake_root, stream.name, batches, run)
+        phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
         added = new.count if new is not None else 0
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if taken over
 
@@ -102,6 +107,7 @@ def transform(
                 first_event_id=new.first_event_id,
                 last_event_id=new.last_event_id,
             )
+        phases["current"], mark = time.monotonic() - mark, time.monotonic()
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)
         if before_commit is not None:
             before_commit()
@@ -110,6 +116,7 @@ def transform(
         )
         if stream.current_table:
             tstate.prune_beyond(stream.name, stream.keep_versions)
+        phases["commit"] = time.monotonic() - mark
         events_read = sum(b.event_count for b in batches)
         made = record is not None and record.path is not None
         return TransformResult(
@@ -123,6 +130,7 @@ def transform(
             schema=schema_report,
             duration_s=time.monotonic() - clock,
             kind=record.kind if made and record is not None else None,
+            seconds=phases,
         )
     finally:
         store.release_lease(lease)

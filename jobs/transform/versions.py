@@ -123,13 +123,13 @@ def write_delta(
     newer = with_json(newer.select(*STATE_COLUMNS, "_was_live")).localCheckpoint()
     old_schema = schema_from_json(previous.doc_schema)
     merged = merge_schemas(old_schema, _inferred(spark, lake_root, plan, newer))
-    gained, lost = newer.agg(
+    written, gained, lost = newer.agg(
+        F.count(F.lit(1)),
         F.count(F.when(~F.col("_tm_deleted") & ~F.col("_was_live"), 1)),
         F.count(F.when(F.col("_tm_deleted") & F.col("_was_live"), 1)),
-    ).first() or (0, 0)
+    ).first() or (0, 0, 0)
     target = _directory(lake_root, plan)
     expand(newer.drop("_was_live"), merged).write.parquet(str(target))
-    written = spark.read.parquet(str(target)).count()
     live = previous.rows + gained - lost
     record = _record(plan, target, lake_root, "delta", previous.base_version, written, live, merged)
     return record, schema_changes(old_schema, merged)
