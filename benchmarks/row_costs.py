@@ -7,14 +7,17 @@ Builds insert change events as a server lays them out (`bson.encode` of the even
 documents of `benchmarks.drain.document`), so no mongod is needed, and times each per-row step
 of the transform: once as a plain Python loop (the function alone) and once inside Spark over
 Parquet inputs (the UDF or JVM expression, the Python worker round trip and the scan included;
-the scan alone is the first Spark row). Steps a checkout does not have print `-`. Prints a
-markdown table; the SparkSession's start is not counted.
+the scans alone have rows of their own). Each row has the wall time and the CPU time (this
+process and its descendants: Spark's JVM and Python workers), which stays put when others
+use the shared cores; Spark rows are the best of `--repeats`. Steps a checkout does not have
+print `-`. Prints markdown tables; the SparkSession's start is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import random
 import tempfile
 import time
@@ -27,6 +30,7 @@ import bson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
 
 from benchmarks.drain import document
 
@@ -56,31 +60,55 @@ def _optional(module: str, name: str) -> Any:
         return None
 
 
-def _per_row(fn: Callable[[Any], Any] | None, values: list[Any]) -> float | None:
+def _per_row(fn: Callable[[Any], Any] | None, values: list[Any]) -> tuple[float, float] | None:
+    """(wall, CPU) seconds of a loop; the CPU time stays put when the shared machine is busy."""
     if fn is None:
         return None
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for value in values:
         fn(value)
-    return time.perf_counter() - began
+    return time.perf_counter() - began, time.process_time() - cpu
 
 
-def python_steps(raws: list[bytes], canonical: list[str], plain: list[str]) -> list[tuple]:
+def tree_cpu_seconds() -> float:
+    """CPU time of this process and all its descendants (Spark's JVM, its Python workers),
+    reaped children included: what a step cost the machine, whatever else runs on it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            # After the name: state, ppid, ..., utime stime cutime cstime at 11..14.
+            stats[int(entry.name)] = (int(fields[1]), sum(map(int, fields[11:15])) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0.0))[1]
+        todo += children.get(pid, [])
+    return total
+
+
+def python_steps(raws: list[bytes], canonical: list[str]) -> list[tuple]:
     """(step, rows, seconds) of each function alone, in a plain loop."""
     from jobs.raw_zone import document_json
     from jobs.transform.extjson import flatten
 
+    plain_json = _optional("jobs.transform.extjson", "plain_json")
+    fulls = [bytes(RawBSONDocument(r)["fullDocument"].raw) for r in raws]
     rows: list[tuple] = [
-        (
-            "document_json: raw event BSON -> canonical Extended JSON (4 fields)",
-            raws,
-            document_json,
-        ),
+        ("document_json: event BSON -> canonical Extended JSON (4 fields)", raws, document_json),
         ("flatten: canonical Extended JSON -> plain JSON", canonical, flatten),
+        ("plain_json: document BSON -> plain JSON", fulls, plain_json),
         (
-            "documents_json: raw event BSON -> canonical + plain JSON in one pass",
+            "documents_json: event BSON -> canonical + plain JSON, one pass",
             raws,
-            _optional("jobs.transform.plain_json", "documents_json"),
+            _optional("jobs.transform.doc_columns", "documents_json"),
         ),
     ]
     return [(label, len(values), _per_row(fn, values)) for label, values, fn in rows]
@@ -123,28 +151,31 @@ def spark_steps(spark: Any, work: Path, repeats: int) -> list[tuple]:
 
     frame = spark.read.parquet(str(work / "input"))
     rows = frame.count()
+    raw = frame.select("raw")
     state = frame.drop("raw")
     state_no_json = state.withColumn("_tm_json", F.lit(None).cast("string"))
-    timed: list[tuple[str, Callable[[], Any] | None]] = [
-        ("scan of the Parquet inputs (all columns)", lambda: _noop(frame)),
-        (
-            "document_json_udf (raw -> 4 canonical fields)",
-            lambda: _noop(frame.select(doc_columns.document_json_udf(F.col("raw")))),
-        ),
-    ]
     documents_udf = getattr(doc_columns, "documents_udf", None)
-    timed.append(
+    variant = F.expr("schema_of_variant_agg(try_parse_json(_tm_json))")
+    timed: list[tuple[str, Callable[[], Any] | None]] = [
+        ("scan of the raw column alone", lambda: _noop(raw)),
         (
-            "documents_udf (raw -> 4 canonical fields + plain JSON, one pass)",
-            documents_udf and (lambda: _noop(frame.select(documents_udf(F.col("raw"))))),
-        )
-    )
-    timed += [
+            "document_json_udf: raw -> 4 canonical fields",
+            lambda: _noop(raw.select(doc_columns.document_json_udf(F.col("raw")))),
+        ),
         (
-            "with_json (flatten_udf: canonical -> plain JSON)",
+            "documents_udf: raw -> 4 canonical fields + plain JSON, one pass",
+            documents_udf and (lambda: _noop(raw.select(documents_udf(F.col("raw"))))),
+        ),
+        ("scan of the state columns", lambda: _noop(state)),
+        (
+            "with_json: flatten_udf, canonical -> plain JSON",
             lambda: _noop(doc_columns.with_json(state_no_json)),
         ),
         ("infer_schema over the plain JSON", lambda: _infer(spark, doc_columns, state, work)),
+        (
+            "(evaluated) schema_of_variant_agg(try_parse_json) over the plain JSON",
+            lambda: state.select(variant).collect(),
+        ),
         ("expand: from_json into typed columns", lambda: _expand(doc_columns, state)),
     ]
     results = []
@@ -152,11 +183,12 @@ def spark_steps(spark: Any, work: Path, repeats: int) -> list[tuple]:
         if step is None:
             results.append((label, rows, None))
             continue
-        best = float("inf")
+        best = (float("inf"), float("inf"))
         for _ in range(repeats):
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), tree_cpu_seconds()
             step()
-            best = min(best, time.perf_counter() - began)
+            wall, used = time.perf_counter() - began, tree_cpu_seconds() - cpu
+            best = (min(best[0], wall), min(best[1], used))
         results.append((label, rows, best))
     return results
 
@@ -173,12 +205,19 @@ def _expand(doc_columns: Any, state: Any) -> None:
 
 
 def _table(title: str, results: list[tuple]) -> list[str]:
-    lines = [f"### {title}\n", "| step | rows | seconds | µs/row |", "|---|---:|---:|---:|"]
-    for label, rows, seconds in results:
-        if seconds is None:
-            lines.append(f"| {label} | {rows:,} | - | - |")
+    lines = [
+        f"### {title}\n",
+        "| step | rows | wall s | CPU s | CPU µs/row |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, rows, times in results:
+        if times is None:
+            lines.append(f"| {label} | {rows:,} | - | - | - |")
         else:
-            lines.append(f"| {label} | {rows:,} | {seconds:.2f} | {seconds / rows * 1e6:.1f} |")
+            wall, cpu = times
+            lines.append(
+                f"| {label} | {rows:,} | {wall:.2f} | {cpu:.2f} | {cpu / rows * 1e6:.1f} |"
+            )
     return lines
 
 
@@ -195,7 +234,7 @@ def run(args: argparse.Namespace) -> str:
     size = sum(map(len, raws)) / len(raws)
     lines = _table(
         f"Python, one row at a time ({args.documents:,} insert events of {size:,.0f} bytes)",
-        python_steps(raws, canonical, plain),
+        python_steps(raws, canonical),
     )
     with tempfile.TemporaryDirectory(prefix="tidemark-rows-") as tmp:
         work = Path(tmp)
