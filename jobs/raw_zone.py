@@ -83,7 +83,22 @@ DOCUMENT_FIELDS = {
 }
 
 
+def document_bson(raw: bytes) -> tuple[bytes | None, ...]:
+    """The BSON of an event's documents, in DOCUMENT_FIELDS order (None where absent or null)."""
+    event = RawBSONDocument(raw)
+    # One pass over the top level (in C); an absent field then costs no KeyError, as .get would.
+    present = set(event)
+    documents = []
+    for field in DOCUMENT_FIELDS.values():
+        value = event[field] if field in present else None
+        # pymongo 4.18+ hands out sub-documents of 4 KB and more as memoryviews: bytes for bsonjs.
+        documents.append(None if value is None else bytes(value.raw))
+    return tuple(documents)
+
+
 def document_json(raw: bytes) -> tuple[str | None, ...]:
     """The canonical Extended JSON of an event's documents, in DOCUMENT_FIELDS order."""
-    event = RawBSONDocument(raw)
-    return tuple(document_key_json(event.get(field)) for field in DOCUMENT_FIELDS.values())
+    return tuple(
+        None if document is None else bsonjs.dumps(document, mode=bsonjs.CANONICAL)
+        for document in document_bson(raw)
+    )

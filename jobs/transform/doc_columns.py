@@ -1,20 +1,26 @@
 """Document fields as columns: Spark's JSON schema inference, merged across versions.
 
-New rows get their plain JSON (`_tm_json`) from the canonical document once; the schema is
-the previous version's merged with what Spark infers from the new rows, and a field whose type
-changes widens to string (Spark then keeps the raw JSON text of non-string values, so no value
-is lost). The canonical document stays beside the columns as the lossless truth.
+New rows get their plain JSON (`_tm_json`) from the document once; the schema is the previous
+version's merged with what Spark infers from the new rows, and a field whose type changes
+widens to string (Spark then keeps the raw JSON text of non-string values, so no value is
+lost). The canonical document stays beside the columns as the lossless truth.
+
+The per-row Python runs in Arrow UDFs (batches of pyarrow arrays, no pandas in between):
+`documents_udf` renders an event's canonical documents and the plain JSON of its full
+document in one pass over the raw BSON; `document_json_udf` the canonical ones alone;
+`flatten_udf` the plain JSON of rows that only have the canonical text.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import pandas as pd
+import bsonjs
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import (
     ArrayType,
     DataType,
@@ -26,25 +32,48 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.raw_zone import DOCUMENT_FIELDS, document_json
-from jobs.transform.extjson import flatten
+from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, document_json
+from jobs.transform.extjson import flatten, plain_json
 from jobs.transform.fold import STATE_COLUMNS
 
 JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
 
-
-@F.pandas_udf(StringType())
-def flatten_udf(documents: pd.Series) -> pd.Series:
-    return documents.map(flatten)
-
-
 DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
+# documents_udf's struct: DOCUMENT_FIELDS, then the full document's plain JSON as the state's
+# `_tm_json` column has it (null where there is no full document).
+PLAIN_JSON = "_tm_json"
+DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(PLAIN_JSON, StringType())])
 
 
-@F.pandas_udf(DOCUMENT_JSON_TYPE)
-def document_json_udf(raw: pd.Series) -> pd.DataFrame:
+def documents_json(raw: bytes) -> tuple[str | None, ...]:
+    """`document_json(raw)` and `flatten` of its full document, the BSON parsed once."""
+    documents = document_bson(raw)
+    canonical = [None if d is None else bsonjs.dumps(d, mode=bsonjs.CANONICAL) for d in documents]
+    return (*canonical, plain_json(documents[0], canonical[0]))
+
+
+def _struct(rows: list[tuple[str | None, ...]], schema: StructType) -> pa.StructArray:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema.fields)
+    return pa.StructArray.from_arrays(
+        [pa.array(column, pa.string()) for column in columns], names=schema.fieldNames()
+    )
+
+
+@arrow_udf(DOCUMENTS_TYPE)
+def documents_udf(raw: pa.Array) -> pa.Array:
+    """The events' canonical documents and plain JSON, from the raw zone's BSON bytes."""
+    return _struct([documents_json(r) for r in raw.to_pylist()], DOCUMENTS_TYPE)
+
+
+@arrow_udf(DOCUMENT_JSON_TYPE)
+def document_json_udf(raw: pa.Array) -> pa.Array:
     """The events' documents as canonical Extended JSON, from the raw zone's BSON bytes."""
-    return pd.DataFrame([document_json(r) for r in raw], columns=list(DOCUMENT_FIELDS))
+    return _struct([document_json(r) for r in raw.to_pylist()], DOCUMENT_JSON_TYPE)
+
+
+@arrow_udf(StringType())
+def flatten_udf(documents: pa.Array) -> pa.Array:
+    return pa.array([flatten(d) for d in documents.to_pylist()], pa.string())
 
 
 def with_json(state: DataFrame) -> DataFrame:
@@ -56,16 +85,22 @@ def with_json(state: DataFrame) -> DataFrame:
     return have.unionByName(need)
 
 
-def infer_schema(spark: SparkSession, json_rows: DataFrame, scratch: Path) -> StructType:
-    """Spark's inference over a column of JSON texts (via a text file, so Connect works too)."""
-    shutil.rmtree(scratch, ignore_errors=True)
-    json_rows.write.text(str(scratch))
-    try:
-        if not any(scratch.glob("part-*")):
-            return StructType([])
-        inferred = spark.read.options(**JSON_OPTIONS).json(str(scratch)).schema
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+def infer_schema(
+    spark: SparkSession, json_rows: DataFrame, scratch: Path | None = None
+) -> StructType:
+    """Spark's JSON schema inference over a one-column DataFrame of JSON texts.
+
+    One pass where the data is (`spark.read.json` of a DataFrame, Spark 4.2+, Connect too): no
+    file written, listed or removed, so nothing runs against the lake on the client. The
+    schema is what reading those texts as a JSON file infers. `scratch` is not used (the
+    text-file route it served is gone); callers can stop passing it.
+
+    Not `schema_of_variant_agg(try_parse_json(...))`: slower here (a variant is built per
+    row), and its types are not JSON inference's (fractions as DECIMAL, VOID, empty structs
+    and empty names kept, NaN and Infinity unparsed), so each would need mapping back.
+    """
+    del scratch
+    inferred = spark.read.options(**JSON_OPTIONS).json(json_rows).schema
     return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
 
 
