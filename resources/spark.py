@@ -175,11 +175,16 @@ def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
     try:
         session = builder.getOrCreate()
     except Exception as exc:  # py4j and Connect raise many kinds; all mean "no Spark"
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        if config.remote:
+            raise SparkUnavailable(
+                f"The Spark Connect session at {config.remote} did not start ({reason}).",
+                f"Check {REMOTE_ENV} and the server's log (`tidemark spark status` names the "
+                "local one's).",
+            ) from None
         raise SparkUnavailable(
-            f"Spark did not start ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}).",
-            f"Check the Spark settings (master {config.master!r}"
-            + (f", remote {config.remote!r}" if config.remote else "")
-            + f"). {JAVA_HINT}",
+            f"Spark did not start ({reason}).",
+            f"Check the Spark settings (master {config.master!r}). {JAVA_HINT}",
         ) from None
     return session, True
 

@@ -15,8 +15,6 @@ import fcntl
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from resources.processes import free_port, listens_on, port_free, runs, terminate
 from resources.spark import (
     REMOTE_ENV,
     SparkConfig,
@@ -54,6 +53,7 @@ class ConnectServer:
     driver_memory: str
     python: str
     pyspark: str
+    project: str  # the checkout whose code the server's Python workers import
 
     @property
     def url(self) -> str:
@@ -92,7 +92,7 @@ def spark_home() -> Path:
 def running_server(home: Path) -> ConnectServer | None:
     """The home's server if its process lives and its port accepts connections."""
     saved = _load(home)
-    if saved and _is_server(saved.pid) and _owns_listener(saved.pid, saved.port):
+    if saved and runs(saved.pid, CONNECT_CLASS) and listens_on(saved.pid, saved.port):
         return saved
     return None
 
@@ -119,21 +119,24 @@ def start_server(
     with _start_lock(home):
         running = running_server(home)
         if running:
-            _check_same_python(running)
+            _check_same_code(running)
             return running, False
         saved = _load(home)
-        if saved and _is_server(saved.pid):  # started but not listening yet: wait for it
-            _wait_ready(saved, timeout)
-            return saved, False
-        check_java()
-        server = _launch(home, port or _default_port(saved), driver_memory, master)
+        if saved and runs(saved.pid, CONNECT_CLASS):
+            server, started = saved, False  # launched by a `start` that was interrupted
+        else:
+            check_java()
+            server = _launch(home, port or _default_port(saved), driver_memory, master)
+            started = True
         try:
             _wait_ready(server, timeout)
         except SparkServerError:
-            _terminate(server.pid)  # a server that did not come up must not linger
+            # A server that did not come up must not linger.
+            terminate(server.pid, CONNECT_CLASS)
             _state_file(home).unlink(missing_ok=True)
             raise
-        return server, True
+        _check_same_code(server)
+        return server, started
 
 
 def stop_server(home: Path, timeout: float = 30.0) -> bool:
@@ -141,10 +144,10 @@ def stop_server(home: Path, timeout: float = 30.0) -> bool:
     with _start_lock(home):
         saved = _load(home)
         pid = saved.pid if saved else _read_pid(home)
-        running = pid is not None and _is_server(pid)
+        running = pid is not None and runs(pid, CONNECT_CLASS)
         if running:
             assert pid is not None
-            _terminate(pid, timeout)
+            terminate(pid, CONNECT_CLASS, timeout)
         _state_file(home).unlink(missing_ok=True)
         _pid_file(home).unlink(missing_ok=True)
         return running
@@ -152,13 +155,11 @@ def stop_server(home: Path, timeout: float = 30.0) -> bool:
 
 def _default_port(saved: ConnectServer | None) -> int:
     for candidate in (saved.port if saved else None, DEFAULT_PORT):
-        if candidate and _port_free(candidate):
+        if candidate and port_free(HOST, candidate):
             return candidate
     # Someone else's server holds 15002 (a shared machine): any free port will do, the
     # state file and `tidemark spark status` say which.
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    return free_port(HOST)
 
 
 def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectServer:
@@ -168,21 +169,24 @@ def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectSe
     config = SparkConfig(master=master, driver_memory=driver_memory)
     directory = server_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
-    _pid_file(home).unlink(missing_ok=True)  # a stale one from a killed server
+    orphan = _read_pid(home)
+    if orphan and runs(orphan, CONNECT_CLASS):
+        terminate(orphan, CONNECT_CLASS)  # this home's server, its record lost: not a second one
+    _pid_file(home).unlink(missing_ok=True)  # spark-daemon.sh refuses to start over a live one
     env = {k: v for k, v in os.environ.items() if k not in _CLIENT_ONLY_ENV}
+    own_conf = env.get("SPARK_CONF_DIR")  # a user's wins, as for a local session
+    # The server outlives this shell: its UDF workers must be this venv's Python, whatever
+    # PYSPARK_PYTHON the shell had.
+    env.update(local_environment(config))
     env.update(
         SPARK_HOME=str(spark),
         SPARK_LOG_DIR=str(directory / "logs"),
         SPARK_PID_DIR=str(_pid_file(home).parent),
         SPARK_IDENT_STRING=_IDENT,
-        SPARK_CONF_DIR=os.environ.get("SPARK_CONF_DIR")
-        or local_environment(config)["SPARK_CONF_DIR"],
-        # The server outlives this shell: its UDF workers must be this venv's Python.
-        PYSPARK_PYTHON=sys.executable,
         PYTHONPATH=os.pathsep.join(filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")])),
     )
-    if "SPARK_LOCAL_IP" in local_environment(config):
-        env["SPARK_LOCAL_IP"] = HOST
+    if own_conf:
+        env["SPARK_CONF_DIR"] = own_conf
     settings = {
         **jvm_settings(config),
         **session_settings(config),  # the defaults of every Connect session on it
@@ -215,6 +219,7 @@ def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectSe
         driver_memory=driver_memory,
         python=sys.executable,
         pyspark=pyspark.__version__,
+        project=str(_PROJECT_ROOT),
     )
     _state_file(home).write_text(json.dumps(asdict(server)))
     return server
@@ -231,14 +236,14 @@ def _wait_ready(server: ConnectServer, timeout: float) -> None:
     """Until the server answers a query from a Connect client, or it died, or time is up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _is_server(server.pid):
+        if not runs(server.pid, CONNECT_CLASS):
             raise SparkServerError(
                 f"The Spark Connect server exited while starting: {_log_reason(server)}. "
                 f"Its log is {server.log}.",
                 _fix_for(server),
             )
         # Its own listening socket, not whatever else may hold the port, is asked.
-        if _owns_listener(server.pid, server.port) and _answers_query(server.url):
+        if listens_on(server.pid, server.port) and _answers_query(server.url):
             return
         time.sleep(0.25)
     raise SparkServerError(
@@ -290,16 +295,21 @@ def _fix_for(server: ConnectServer) -> str:
     return "Read the log; fix what it names and run `tidemark spark start` again."
 
 
-def _check_same_python(server: ConnectServer) -> None:
+def _check_same_code(server: ConnectServer) -> None:
+    """A client must match the server's Spark version, and the server's Python workers must
+    run the client's venv and checkout (they import Tidemark's UDF modules)."""
     import pyspark
 
-    if (server.python, server.pyspark) != (sys.executable, pyspark.__version__):
+    theirs = (Path(server.python).parent, server.pyspark, server.project)
+    ours = (Path(sys.executable).parent, pyspark.__version__, str(_PROJECT_ROOT))
+    if theirs != ours:
         raise SparkServerError(
-            f"The Spark Connect server at {server.url} was started by {server.python} "
-            f"(pyspark {server.pyspark}); this is {sys.executable} (pyspark "
-            f"{pyspark.__version__}), and a client and server of different Spark versions or "
-            "Python environments do not mix.",
-            "Stop it with `tidemark spark stop` and run `tidemark spark start` again.",
+            f"The Spark Connect server at {server.url} was started from {server.project} with "
+            f"{server.python} (pyspark {server.pyspark}); this is {_PROJECT_ROOT} with "
+            f"{sys.executable} (pyspark {pyspark.__version__}), and its Python workers would "
+            "run the other code.",
+            "Stop it with `tidemark spark stop` and start it again, or give this checkout a "
+            "TIDEMARK_HOME of its own.",
         )
 
 
@@ -324,56 +334,3 @@ def _start_lock(home: Path) -> Iterator[None]:
     with open(server_dir(home) / "start.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def _is_server(pid: int) -> bool:
-    """`pid` is a live Connect server: a recycled pid of another process does not count."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return CONNECT_CLASS.encode() in cmdline and state != "Z"
-
-
-def _terminate(pid: int, timeout: float = 30.0) -> None:
-    """SIGTERM runs Spark's shutdown hooks; SIGKILL if it does not go in time."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _is_server(pid):
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _owns_listener(pid: int, port: int) -> bool:
-    """`pid` itself listens on `port`: its socket inodes against the kernel's TCP table."""
-    inodes = set()
-    try:
-        for fd in os.scandir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(fd.path)
-                if target.startswith("socket:["):
-                    inodes.add(target[len("socket:[") : -1])
-    except OSError:
-        return False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()  # sl local_address rem_address st ... inode
-                listening = fields[3] == "0A"
-                if listening and fields[9] in inodes and fields[1].endswith(f":{port:04X}"):
-                    return True
-    return False
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
