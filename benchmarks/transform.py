@@ -1,11 +1,14 @@
-"""Transform benchmark: the Spark fold of change batches into a large current-state table.
+"""Transform benchmark: the Spark transform's cost against the size of the change, not the table.
 
-    .venv/bin/python -m benchmarks.transform                    # 1M documents, 100k and 1M changes
-    .venv/bin/python -m benchmarks.transform --documents 3000 --small 500 --large 3000  # smoke
+    .venv/bin/python -m benchmarks.transform    # 1M documents; 10k, 100k, 1M changes; compaction
+    .venv/bin/python -m benchmarks.transform --documents 3000 --changes 100 500 3000  # smoke
 
-Loads `--documents` inserts (the first fold builds `current`), then folds `--small` and then
-`--large` updates into it; each step drains first, then times the transform alone. Prints a
-markdown table; the SparkSession's start (JVM) is reported apart.
+Loads `--documents` inserts (the first run writes the base of `current`), then for each of
+`--changes` writes that many updates of random documents, drains them, and times the
+transform alone; then times a compaction of everything since the base. Each step is
+measured with the SparkSession already up (its start is reported apart), and reports the
+Spark jobs it launched and the bytes it wrote. A second table says where each run's time
+went (the transform's own phase clocks). Prints markdown.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pymongo import MongoClient, UpdateOne
 
 from benchmarks.drain import document
 from jobs.capture import drain_until_caught_up
-from jobs.transform import transform
+from jobs.transform import compact, transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from resources.spark import SparkConfig, spark_session, stop_if_created
@@ -29,6 +34,17 @@ from state import StateStore
 from tidemark.config import StreamConfig
 
 UNBOUNDED = {"max_events": None, "max_bytes": None, "max_seconds": None}
+
+
+@dataclass
+class Step:
+    label: str
+    changes: int
+    rows: int | None
+    seconds: float
+    jobs: int
+    bytes_written: int
+    phases: dict[str, float]
 
 
 def _updates(client: MongoClient, count: int, documents: int, rng: random.Random) -> None:
@@ -46,28 +62,59 @@ def _updates(client: MongoClient, count: int, documents: int, rng: random.Random
         )
 
 
+def _lake_bytes(lake: Path) -> int:
+    return sum(p.stat().st_size for p in (lake / "curated").rglob("*") if p.is_file())
+
+
+class _Meter:
+    """Spark jobs (the classic session's status tracker) and curated bytes of one step."""
+
+    def __init__(self, spark: Any, lake: Path) -> None:
+        self.spark, self.lake, self.group = spark, lake, 0
+
+    def __enter__(self) -> _Meter:
+        self.group += 1
+        self.spark.sparkContext.setJobGroup(f"step-{self.group}", "benchmark step")
+        self.bytes_before = _lake_bytes(self.lake)
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.started
+        tracker = self.spark.sparkContext.statusTracker()
+        self.jobs = len(tracker.getJobIdsForGroup(f"step-{self.group}"))
+        self.bytes_written = _lake_bytes(self.lake) - self.bytes_before
+
+
 def run(args: argparse.Namespace) -> str:
-    rows = []
+    steps: list[Step] = []
     with tempfile.TemporaryDirectory(prefix="tidemark-bench-") as work:
-        oplog_mb = max(1024, int((args.documents + args.large) * args.doc_kb * 2.5 / 1024) + 512)
+        biggest = max(args.changes, default=0)
+        oplog_mb = max(1024, int((args.documents + biggest) * args.doc_kb * 2.5 / 1024) + 512)
         mongod = start_mongod(Path(work) / "data", oplog_size_mb=oplog_mb)
         client = MongoClient(mongod.uri, tz_aware=True)
         raw = connect(mongod.uri, raw=True)
         store = StateStore(f"sqlite:///{Path(work) / 'state.db'}")
         lake = Path(work) / "lake"
         stream = StreamConfig(
-            name="bench", database="bench", collection="orders", budget=UNBOUNDED, keep_versions=2
+            name="bench",
+            database="bench",
+            collection="orders",
+            budget=UNBOUNDED,
+            keep_versions=100,
+            compaction={"delta_ratio": 100.0, "max_deltas": 100},  # the benchmark compacts
         )
         started = time.perf_counter()
         spark, created = spark_session(SparkConfig(master=args.master, driver_memory="4g"))
         spark.range(1).count()
         jvm_seconds = time.perf_counter() - started
+        meter = _Meter(spark, lake)
         try:
             drain_until_caught_up(stream, raw, store, lake)
             rng = random.Random(args.seed)
             filler = max(0, int(args.doc_kb * 1024) - 420)
-            steps = [("load", args.documents), ("fold", args.small), ("fold", args.large)]
-            for kind, count in steps:
+            plan = [("load", args.documents)] + [("fold", n) for n in args.changes]
+            for kind, count in plan:
                 print(f"{kind}: writing {count:,} changes ...", file=sys.stderr, flush=True)
                 if kind == "load":
                     for start in range(0, count, 5000):
@@ -80,41 +127,79 @@ def run(args: argparse.Namespace) -> str:
                 else:
                     _updates(client, count, args.documents, rng)
                 drained = drain_until_caught_up(stream, raw, store, lake)
-                began = time.perf_counter()
-                result = transform(spark, store, lake, stream)
-                seconds = time.perf_counter() - began
+                with meter:
+                    result = transform(spark, store, lake, stream)
                 assert result.changes_added == drained, (result, drained)
-                rows.append((kind, drained, result.rows, seconds))
+                label = (
+                    f"initial load, {count:,} documents"
+                    if kind == "load"
+                    else f"{count:,} updates into {args.documents:,} ({result.kind})"
+                )
+                steps.append(
+                    Step(
+                        label,
+                        drained,
+                        result.rows,
+                        meter.seconds,
+                        meter.jobs,
+                        meter.bytes_written,
+                        result.seconds,
+                    )
+                )
+            print("compaction ...", file=sys.stderr, flush=True)
+            with meter:
+                compacted = compact(spark, store, lake, stream)
+            steps.append(
+                Step(
+                    f"compaction: base + {compacted.deltas} deltas -> one base "
+                    f"({compacted.rows_written:,} rows written)",
+                    0,
+                    compacted.rows,
+                    meter.seconds,
+                    meter.jobs,
+                    meter.bytes_written,
+                    {},
+                )
+            )
         finally:
             stop_if_created(spark, created)
             raw.close()
             client.close()
             store.close()
             stop_mongod(mongod)
+    return _tables(args, jvm_seconds, steps)
+
+
+def _tables(args: argparse.Namespace, jvm_seconds: float, steps: list[Step]) -> str:
     lines = [
         f"### Spark transform (master {args.master}; documents of ~{args.doc_kb} KB; "
         f"SparkSession start, JVM included: {jvm_seconds:.1f} s, not counted below)\n",
-        "| step | changes folded | rows in current after | seconds | changes/s |",
-        "|---|---:|---:|---:|---:|",
+        "| work | changes | rows in current after | seconds | Spark jobs | MB written |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for kind, changes, current_rows, seconds in rows:
-        label = (
-            "initial load (inserts into an empty table)"
-            if kind == "load"
-            else (f"fold of {changes:,} updates into {args.documents:,} documents")
-        )
+    for s in steps:
+        rows = f"{s.rows:,}" if s.rows is not None else "-"
         lines.append(
-            f"| {label} | {changes:,} | {current_rows:,} | {seconds:.1f} | "
-            f"{changes / seconds:,.0f} |"
+            f"| {s.label} | {s.changes:,} | {rows} | {s.seconds:.1f} | {s.jobs} | "
+            f"{s.bytes_written / 1e6:,.1f} |"
         )
+    phases = ["plan", "spark_session", "change_log", "current", "commit"]
+    lines += [
+        "\n### Where a run's time goes (seconds, the transform's own phase clocks)\n",
+        "| work | " + " | ".join(phases) + " |",
+        "|---|" + "---:|" * len(phases),
+    ]
+    for s in steps:
+        if s.phases:
+            cells = " | ".join(f"{s.phases.get(p, 0.0):.2f}" for p in phases)
+            lines.append(f"| {s.label} | {cells} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
-    parser.add_argument("--small", type=int, default=100_000)
-    parser.add_argument("--large", type=int, default=1_000_000)
+    parser.add_argument("--changes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--doc-kb", type=float, default=0.5)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--seed", type=int, default=3)

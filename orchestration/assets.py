@@ -93,7 +93,8 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
                 group_name=stream.name,
                 kinds={"spark", "parquet"},
                 description="The current state: one row per live document, a new version per "
-                "run (the newest event per key wins, in event order).",
+                "run (the newest event per key wins, in event order). A version is a base and "
+                "the deltas after it, merged by readers; compaction rewrites it as one base.",
             )
         )
 
@@ -103,7 +104,8 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
     ) -> Iterator[dg.MaterializeResult]:
         """Folds the committed raw batches into `changes` and `current` in one Spark step."""
         with explained():
-            result = transform(spark.session(), state.store(), lake.path, stream)
+            # The session's factory, not a session: a run with no new batches starts no Spark.
+            result = transform(spark.session, state.store(), lake.path, stream)
         metadata = transform_metadata(result)
         yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])
         if stream.current_table:

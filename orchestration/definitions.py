@@ -14,6 +14,7 @@ import dagster as dg
 
 from orchestration.assets import stream_assets
 from orchestration.checks import stream_checks
+from orchestration.compaction import compaction_job, compaction_sensor
 from orchestration.resources import env_resources
 from orchestration.schedules import stream_jobs, sync_schedule
 from tidemark.config import TidemarkConfig, load_config
@@ -28,8 +29,10 @@ def build_definitions(
     return dg.Definitions(
         assets=[asset for stream in streams for asset in stream_assets(stream)],
         asset_checks=[check for stream in streams for check in stream_checks(stream)],
-        jobs=[job for stream in streams for job in stream_jobs(stream)],
+        jobs=[job for stream in streams for job in stream_jobs(stream)]
+        + [compaction_job(stream) for stream in streams if stream.current_table],
         schedules=[sync_schedule(stream) for stream in streams],
+        sensors=[compaction_sensor(stream) for stream in streams if stream.current_table],
         resources=env_resources() if resources is None else resources,
     )
 

@@ -10,7 +10,7 @@ import dagster as dg
 
 from jobs.capture import DrainResult
 from jobs.ops import StreamStatus
-from jobs.transform import TransformResult
+from jobs.transform import CompactionResult, DeltaDebt, TransformResult
 from tidemark.errors import TidemarkError
 from tidemark.tokens import ts_to_datetime
 
@@ -82,6 +82,7 @@ def transform_metadata(result: TransformResult) -> dict[str, dict[str, Any]]:
     }
     if result.version is not None:
         current["version"] = result.version
+        current["written_as"] = result.kind or ""
     if result.rows is not None:
         current["rows"] = result.rows
     added = result.schema.get("added", [])
@@ -93,3 +94,14 @@ def transform_metadata(result: TransformResult) -> dict[str, dict[str, Any]]:
             "\n".join([*(f"- added `{f}`" for f in added), *(f"- widened `{w}`" for w in widened)])
         )
     return {"changes": changes, "current": current}
+
+
+def compaction_metadata(result: CompactionResult, debt: DeltaDebt) -> dict[str, Any]:
+    """Metadata of a compaction's observation of `current`."""
+    return {
+        "version": result.version if result.version is not None else debt.version or 0,
+        "deltas_compacted": result.deltas,
+        "rows": result.rows,
+        "rows_written": result.rows_written,
+        "duration_s": round(result.duration_s, 3),
+    }

@@ -12,6 +12,7 @@ from state.records import (
     NewPosition,
     SnapshotRecord,
     SnapshotStatus,
+    VersionKind,
     new_batch_id,
 )
 from state.store import StateStore
@@ -29,5 +30,6 @@ __all__ = [
     "SnapshotStatus",
     "StateStore",
     "TransformState",
+    "VersionKind",
     "new_batch_id",
 ]

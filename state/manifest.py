@@ -61,7 +61,7 @@ def batches(
         query = query.where(b.c.stream == stream)
     if source:
         query = query.where(b.c.source == source)
-    return _with_files(conn, query)
+    return batches_of(conn, query)
 
 
 def last_batch(conn: Connection, stream: str) -> BatchRecord | None:
@@ -73,7 +73,7 @@ def last_batch(conn: Connection, stream: str) -> BatchRecord | None:
         .order_by(b.c.committed_at.desc(), b.c.id.desc())
         .limit(1)
     )
-    found = _with_files(conn, query)
+    found = batches_of(conn, query)
     return found[0] if found else None
 
 
@@ -92,8 +92,9 @@ def batch_count(conn: Connection, stream: str) -> int:
     return conn.execute(select(func.count()).where(b.c.stream == stream)).scalar_one()
 
 
-def _with_files(conn: Connection, query: Select[Any]) -> list[BatchRecord]:
-    """The batches `query` selects, in its order, each with its files."""
+def batches_of(conn: Connection, query: Select[Any]) -> list[BatchRecord]:
+    """The batches `query` (a select of the batches table) selects, in its order, each with
+    its files."""
     rows = conn.execute(query).all()
     files: dict[str, list[FileEntry]] = {}
     for chunk in _chunks([r.id for r in rows], 500):  # bound the IN list's parameters

@@ -20,6 +20,10 @@ BatchSource = Literal["incremental", "snapshot", "replay"]
 # A snapshot is "running" until its last chunk is committed, then "done".
 SnapshotStatus = Literal["running", "done"]
 
+# What a transform run wrote for `current`: a base (every row, from a full fold), a delta (the
+# rows of the keys it touched, read merged over its base), or a compaction's new base.
+VersionKind = Literal["base", "delta", "compaction"]
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -125,13 +129,22 @@ class CurrentVersion:
     stream: str
     version: int
     path: str | None  # None: the run only extended the change log (current_table: false)
-    rows: int
+    rows: int  # live rows of `current` at this version
     doc_schema: str
     events_folded: int
     changes_added: int
-    changes_staging: str | None
     created_at: datetime
+    kind: VersionKind | None = None  # None with no path
+    base_version: int | None = None  # == version for a base
+    written_rows: int | None = None
+    changes_path: str | None = None
+    first_event_id: str | None = None
+    last_event_id: str | None = None
     pruned_at: datetime | None = None
+
+    @property
+    def is_base(self) -> bool:
+        return self.path is not None and self.base_version == self.version
 
 
 def new_batch_id() -> str:

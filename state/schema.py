@@ -22,7 +22,7 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_VERSION = 2  # 2: snapshots
+SCHEMA_VERSION = 3  # 2: snapshots; 3: current as base + deltas, change log per run
 
 
 class UTCDateTime(TypeDecorator):
@@ -141,12 +141,17 @@ current_versions = Table(
     metadata,
     Column("stream", String(64), ForeignKey("tidemark_streams.name"), primary_key=True),
     Column("version", Integer, primary_key=True),
-    Column("path", String(1024)),  # the current-state version, relative to the lake root
+    Column("path", String(1024)),  # the directory this run wrote for `current` (lake-relative)
+    Column("kind", String(16)),  # records.VersionKind; None: the run wrote no `current` files
+    Column("base_version", Integer),  # the version whose directory is this version's base
+    Column("written_rows", BigInteger),  # rows in `path` (tombstones and barriers included)
     Column("rows", BigInteger, nullable=False),
     Column("doc_schema", Text, nullable=False),  # Spark StructType JSON of the document columns
     Column("events_folded", BigInteger, nullable=False),
     Column("changes_added", BigInteger, nullable=False),
-    Column("changes_staging", String(1024)),  # set until the run's change-log files are published
+    Column("changes_path", String(1024)),  # the run's change-log directory (None: it added none)
+    Column("first_event_id", Text),  # the range of event ids the run added to the change log
+    Column("last_event_id", Text),
     Column("created_at", UTCDateTime, nullable=False),
     Column("pruned_at", UTCDateTime),
 )

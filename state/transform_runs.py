@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Select, func, insert, select, update
 
-from state import schema
+from state import manifest, schema
 from state.leases import TRANSFORM_LEASE_TTL
 from state.records import BatchRecord, CurrentVersion, Lease, SnapshotStatus
 from state.schema import utc_now
@@ -23,11 +23,16 @@ _VERSION_COLUMNS = (
     "stream",
     "version",
     "path",
+    "kind",
+    "base_version",
+    "written_rows",
     "rows",
     "doc_schema",
     "events_folded",
     "changes_added",
-    "changes_staging",
+    "changes_path",
+    "first_event_id",
+    "last_event_id",
     "created_at",
 )
 
@@ -47,19 +52,49 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        done = self._transformed_ids(stream)
+        b, t, s = schema.batches, schema.transformed_batches, schema.snapshots
         finished: SnapshotStatus = "done"
-        unfinished = {s.id for s in self.store.snapshots(stream) if s.status != finished}
-        return [
-            b
-            for b in self.store.batches(stream)
-            if b.id not in done and b.snapshot_id not in unfinished
-        ]
-
-    def _transformed_ids(self, stream: str) -> set[str]:
-        t = schema.transformed_batches
+        folded = select(t.c.batch_id).where(t.c.batch_id == b.c.id).exists()
+        waiting = select(s.c.id).where(s.c.id == b.c.snapshot_id, s.c.status != finished).exists()
+        query = (
+            select(b)
+            .where(b.c.stream == stream, ~folded, ~waiting)
+            .order_by(b.c.committed_at, b.c.id)
+        )
         with self.store.transaction("transform progress") as conn:
-            return set(conn.execute(select(t.c.batch_id).where(t.c.stream == stream)).scalars())
+            return manifest.batches_of(conn, query)
+
+    def version_parts(self, stream: str, version: int) -> list[CurrentVersion]:
+        """The runs whose directories make version `version` of `current`: its base, then
+        the deltas after it up to `version`, in order (readers merge them, see
+        `jobs.transform.merge`). Empty when `version` wrote no files.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        chosen = _first(self._read("version list", _runs(stream).where(_V.c.version == version)))
+        if chosen is None or chosen.path is None or chosen.base_version is None:
+            return []
+        query = _runs(stream, with_version=True).where(
+            _V.c.version >= chosen.base_version, _V.c.version <= version
+        )
+        return self._read("version list", query.order_by(_V.c.version))
+
+    def change_log_runs(
+        self, stream: str, first_event_id: str | None = None, last_event_id: str | None = None
+    ) -> list[CurrentVersion]:
+        """Committed runs that added to the change log, oldest first; only those whose event
+        ids overlap [first_event_id, last_event_id] when given.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        query = _runs(stream).where(_V.c.changes_path.is_not(None))
+        if first_event_id is not None and last_event_id is not None:
+            query = query.where(
+                _V.c.last_event_id >= first_event_id, _V.c.first_event_id <= last_event_id
+            )
+        return self._read("change log", query.order_by(_V.c.version))
 
     def versions(self, stream: str, include_pruned: bool = False) -> list[CurrentVersion]:
         """The versions of `current` (runs that wrote one), oldest first.
@@ -151,14 +186,6 @@ class TransformState:
                     ],
                 )
 
-    def mark_published(self, stream: str, version: int) -> None:
-        """Record that run `version`'s change-log files left their staging directory.
-
-        Raises:
-            StateStoreError: the database failed.
-        """
-        self._update_run("publish", stream, version, changes_staging=None)
-
     def mark_pruned(self, stream: str, version: int) -> None:
         """Take version `version` of `current` out of the list readers resolve (`versions`); a
         later run deletes its files.
@@ -167,6 +194,16 @@ class TransformState:
             StateStoreError: the database failed.
         """
         self._update_run("prune", stream, version, pruned_at=utc_now())
+
+    def prune_beyond(self, stream: str, keep: int) -> None:
+        """Mark every version but the newest `keep` pruned (`mark_pruned`).
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        versions = self.versions(stream)
+        for old in versions[: max(0, len(versions) - keep)]:
+            self.mark_pruned(stream, old.version)
 
     def _update_run(self, what: str, stream: str, version: int, **values: Any) -> None:
         with self.store.transaction(what) as conn:

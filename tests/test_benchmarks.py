@@ -51,13 +51,14 @@ def test_transform_benchmark_smoke():
         "benchmarks.transform",
         "--documents",
         "2000",
-        "--small",
+        "--changes",
         "300",
-        "--large",
         "2000",
         "--master",
         "local[2]",
     )
-    assert "initial load" in out
-    assert "| fold of 300 updates into 2,000 documents | 300 | 2,000 |" in out
-    assert "| fold of 2,000 updates into 2,000 documents | 2,000 | 2,000 |" in out
+    assert "| initial load, 2,000 documents | 2,000 | 2,000 |" in out
+    assert "| 300 updates into 2,000 (delta) | 300 | 2,000 |" in out
+    assert "| 2,000 updates into 2,000 (delta) | 2,000 | 2,000 |" in out
+    assert "compaction: base + 2 deltas -> one base" in out
+    assert "Where a run's time goes" in out

@@ -1,5 +1,6 @@
-"""Crash consistency: drains and transforms SIGKILLed at random moments, between bursts of
-writes. After one clean run, `current` equals the source and `changes` holds every event once."""
+"""Crash consistency: drains, transforms and compactions SIGKILLed at random moments, between
+bursts of writes. After one clean run, `current` equals the source and `changes` holds every
+event once, before and after `tidemark gc` removes what the dead runs left."""
 
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ from pathlib import Path
 import pytest
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import read_changes, read_current, transform
+from jobs.ops import collect_garbage
+from jobs.transform import compact, read_changes, read_current, transform
 from tests.helpers.lake_reading import direct_events
 from tests.helpers.oracle import burst, current_state, seed_collection, source_state
 from tidemark.tokens import token_from_json
 
 ROOT = Path(__file__).resolve().parent.parent
 # (step, seconds after start to kill it): a drain child lives ~1-2 s, a transform child ~8-15 s
-# (the JVM starts first), so the kills land in imports, reads, writes, commits and publishes.
-STEPS = [("drain", (0.3, 2.5)), ("drain", (0.3, 2.5)), ("transform", (3.0, 14.0))]
+# (the JVM starts first), so the kills land in imports, reads, writes and commits; a compaction
+# child transforms first, then compacts, so its kills also land between a base and its commit.
+STEPS = [
+    ("drain", (0.3, 2.5)),
+    ("drain", (0.3, 2.5)),
+    ("transform", (3.0, 14.0)),
+    ("compact", (6.0, 22.0)),
+]
 
 
 def _run_and_kill(step, window, rng, mongod, state_url, lake, stream) -> bool:
@@ -65,20 +73,24 @@ def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
         burst(client, db_name, "orders", rng, 300)
         for step, window in STEPS:
             kills[step] += _run_and_kill(step, window, rng, mongod, state_url_sqlite, lake, stream)
-    # Both kinds of run died mid-way (a window that always lets one finish would leave its
+    # Every kind of run died mid-way (a window that always lets one finish would leave its
     # crashes untested while the count still reached 30).
-    assert kills["drain"] and kills["transform"], kills
+    assert kills["drain"] and kills["transform"] and kills["compact"], kills
 
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
+    collect_garbage(lake, sqlite_store, min_age_seconds=0)  # what the dead runs left goes
+    compact(spark, sqlite_store, lake, stream)
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == got
     reference = [
         e["_id"]["_data"]
         for e in direct_events(raw_client[db_name]["orders"], token_from_json(start))
     ]
     logged = [
-        r.event_id for r in read_changes(spark, lake, stream.name).select("event_id").collect()
+        r.event_id
+        for r in read_changes(spark, sqlite_store, lake, stream.name).select("event_id").collect()
     ]
     assert len(logged) == len(set(logged))  # no event twice
     assert sorted(logged) == sorted(reference)  # and none missing

@@ -92,7 +92,8 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
     }
     assert jobs - {"__ASSET_JOB"} == {
         f"{stream}_{job}" for stream in "ab" for job in ("sync", "replay", "resnapshot")
-    }
+    } | {"a_compact"}  # b has no current table to compact
+    assert [s.name for s in module.defs.sensors or []] == ["a_compaction_sensor"]
     for stream in "ab":
         schedule = module.defs.resolve_schedule_def(f"{stream}_schedule")
         assert schedule.job_name == f"{stream}_sync"
@@ -169,6 +170,57 @@ def _minute(moment: datetime) -> datetime:
 
 
 @pytest.mark.slow
+def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
+    setup, client, db_name, monkeypatch
+):
+    _, defs, resources = setup(compaction={"delta_ratio": 0.5})
+    sync = defs.resolve_job_def("orders_sync")
+    sensor = defs.resolve_sensor_def("orders_compaction_sensor")
+    instance = dg.DagsterInstance.ephemeral()
+    coll = client[db_name]["orders"]
+    assert sync.execute_in_process(instance=instance).success  # starts the stream
+    coll.insert_many([{"_id": i, "v": 0} for i in range(20)])
+    assert sync.execute_in_process(instance=instance).success  # version 1: a base
+
+    def requests() -> list[str | None]:
+        state = {"state": resources["state"]}
+        with dg.build_sensor_context(instance=instance, resources=state) as context:
+            return [r.run_key for r in sensor.evaluate_tick(context).run_requests or []]
+
+    assert requests() == []
+    coll.update_many({"_id": {"$lt": 6}}, {"$set": {"v": 1}})
+    assert sync.execute_in_process(instance=instance).success  # version 2: a delta of 6 rows
+    assert requests() == []  # 6 delta rows < 0.5 x 20
+    coll.update_many({"_id": {"$gte": 14}}, {"$set": {"v": 2}})
+    assert sync.execute_in_process(instance=instance).success  # version 3: 12 rows >= 10
+    assert requests() == ["v3"]
+
+    compaction = defs.resolve_job_def("orders_compact").execute_in_process(instance=instance)
+    assert compaction.success
+    (observed,) = [
+        e.event_specific_data.asset_observation
+        for e in compaction.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
+    ]
+    assert observed.asset_key.to_user_string() == "orders/current"
+    assert observed.metadata["deltas_compacted"].value == 2
+    assert observed.metadata["version"].value == 4 and observed.metadata["rows"].value == 20
+    assert requests() == []  # one base again
+
+    def no_spark(self):
+        raise AssertionError("a run with no new batches asked for Spark")
+
+    monkeypatch.setattr(type(resources["spark"]), "session", no_spark)
+    quiet = sync.execute_in_process(instance=instance)  # nothing was written since
+    assert quiet.success
+    (current,) = [
+        m
+        for m in quiet.get_asset_materialization_events()
+        if m.asset_key.to_user_string() == "orders/changes"
+    ]
+    assert current.materialization.metadata["changes_added"].value == 0
+
+
 def test_backfill_of_three_partitions_yields_exactly_their_events(
     setup, client, raw_client, db_name
 ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -167,7 +168,7 @@ def test_running_snapshot_is_the_newest_still_running(store, make_stream):
     assert found is not None and found.id == "s-m"
 
 
-def _run(stream: str, version: int, path: str | None) -> CurrentVersion:
+def _run(stream: str, version: int, path: str | None, **more: Any) -> CurrentVersion:
     return CurrentVersion(
         stream=stream,
         version=version,
@@ -176,9 +177,45 @@ def _run(stream: str, version: int, path: str | None) -> CurrentVersion:
         doc_schema="{}",
         events_folded=1,
         changes_added=1,
-        changes_staging=None,
         created_at=datetime.now(UTC),
+        **more,
     )
+
+
+def test_a_version_is_its_base_and_the_deltas_after_it(store, make_stream):
+    stream = make_stream()
+    store.ensure_stream(stream)
+    runs = TransformState(store)
+    lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    shapes = [("base", 1), ("delta", 1), ("delta", 1), ("compaction", 4), ("delta", 4)]
+    for number, (kind, base) in enumerate(shapes, start=1):
+        run = _run(stream.name, number, f"current/v{number}", kind=kind, base_version=base)
+        runs.commit(lease, stream.name, number - 1 or None, run, [])
+    runs.commit(lease, stream.name, 5, _run(stream.name, 6, None), [])  # change log only
+
+    def parts(version: int) -> list[int]:
+        return [p.version for p in runs.version_parts(stream.name, version)]
+
+    assert (parts(1), parts(3), parts(4), parts(5)) == ([1], [1, 2, 3], [4], [4, 5])
+    assert parts(6) == [] and parts(99) == []
+
+
+def test_change_log_runs_are_found_by_their_event_id_range(store, make_stream):
+    stream = make_stream()
+    store.ensure_stream(stream)
+    runs = TransformState(store)
+    lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    for number, (first, last) in enumerate([("a", "c"), ("d", "f"), ("g", "i")], start=1):
+        run = _run(stream.name, number, None, changes_path=f"changes/run={number}")
+        run = replace(run, first_event_id=first, last_event_id=last)
+        runs.commit(lease, stream.name, number - 1 or None, run, [])
+
+    def overlapping(low: str, high: str) -> list[int]:
+        return [r.version for r in runs.change_log_runs(stream.name, low, high)]
+
+    assert overlapping("e", "g") == [2, 3]
+    assert overlapping("c", "c") == [1] and overlapping("j", "z") == []
+    assert [r.version for r in runs.change_log_runs(stream.name)] == [1, 2, 3]
 
 
 def test_latest_run_and_latest_version_are_the_newest(store, make_stream):

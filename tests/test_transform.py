@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from jobs.capture import drain, drain_until_caught_up
+from jobs.ops import collect_garbage
 from jobs.transform import read_changes, read_current, transform
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.oracle import (
@@ -48,7 +49,7 @@ def test_oracle_current_equals_source_after_every_increment(
         assert not different, f"increment {increment}: {len(different)} documents differ"
 
     assert drained > 15_000  # ~21,000 writes; those that change nothing make no event
-    changes = read_changes(spark, lake, stream.name)
+    changes = read_changes(spark, sqlite_store, lake, stream.name)
     assert changes.count() == drained  # every event exactly once
     assert changes.select("event_id").distinct().count() == drained
     seen = {r.operation_type for r in changes.select("operation_type").distinct().collect()}
@@ -94,7 +95,7 @@ def test_rerun_and_redelivery_change_nothing(
     replayed = transform(spark, sqlite_store, lake, stream)
     assert replayed.batches == 1 and replayed.changes_added == 0
     assert replayed.duplicates_skipped == original.event_count and replayed.version is None
-    assert read_changes(spark, lake, stream.name).count() == 100
+    assert read_changes(spark, sqlite_store, lake, stream.name).count() == 100
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == before
 
 
@@ -170,17 +171,22 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     with pytest.raises(RuntimeError):
         transform(spark, sqlite_store, lake, stream, before_commit=crash)
     assert len(current_state(read_current(spark, sqlite_store, lake, stream.name))) == 10
-    assert read_changes(spark, lake, stream.name).count() == 10  # staged rows are not visible
+    assert (
+        read_changes(spark, sqlite_store, lake, stream.name).count() == 10
+    )  # staged rows are not visible
 
     result = transform(spark, sqlite_store, lake, stream)  # simply run again
     assert result.version == 2 and result.changes_added == 5
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
-    assert read_changes(spark, lake, stream.name).count() == 15
-    leftovers = [p.name for p in (lake / "curated" / stream.name / "current").iterdir()]
+    assert read_changes(spark, sqlite_store, lake, stream.name).count() == 15
+    current_dir = lake / "curated" / stream.name / "current"
+    assert len(list(current_dir.iterdir())) == 3  # the dead attempt's directory stays ...
+    collect_garbage(lake, sqlite_store, min_age_seconds=0)  # ... until gc
+    leftovers = [p.name for p in current_dir.iterdir()]
     committed = [v.path.rsplit("/", 1)[-1] for v in TransformState(sqlite_store).versions("orders")]
-    assert sorted(leftovers) == committed  # the crashed attempt's directory is gone
+    assert sorted(leftovers) == committed
     assert [name[:8] for name in committed] == ["v=000001", "v=000002"]
 
 

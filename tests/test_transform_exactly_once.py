@@ -8,9 +8,10 @@ import bson
 import pytest
 from sqlalchemy import update
 
-import jobs.transform.run as transform_module
+import jobs.transform.versions as transform_module
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import read_current, transform
+from jobs.ops import collect_garbage
+from jobs.transform import compact, read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from state.leases import TRANSFORM_LEASE_TTL
@@ -39,6 +40,36 @@ def test_an_insert_replayed_after_its_delete_does_not_resurrect_the_document(
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
     assert len(got) == 1  # _id 2 only: the delete is newer than the replayed insert of _id 1
+
+
+def test_late_events_after_deletes_in_deltas_and_after_a_compaction_never_resurrect(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    before_start = cluster_time(client)
+    coll.insert_many([{"_id": 1, "v": "a"}, {"_id": 2, "v": "b"}, {"_id": 3, "v": "c"}])
+    coll.replace_one({"_id": 1}, {"v": "replaced"})
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)  # starts now: those writes are not seen
+    coll.insert_one({"_id": 10})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    coll.delete_many({"_id": {"$in": [1, 2]}})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"  # two tombstones
+
+    def check() -> None:
+        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        assert got == source_state(raw_client, db_name, "orders")
+
+    late = capture_events(raw_client, db_name, "orders", before_start, 4)
+    commit_raw_batch(sqlite_store, lake, stream.name, late[:3], "replay")  # inserts 1, 2, 3
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    check()  # 3 arrives; 1 and 2 lose to their tombstones in the delta before
+    assert compact(spark, sqlite_store, lake, stream).version == 4
+    commit_raw_batch(sqlite_store, lake, stream.name, late[3:], "replay")  # the replace of 1
+    transform(spark, sqlite_store, lake, stream)
+    check()  # the compacted base kept the tombstone of 1
 
 
 def test_an_insert_replayed_after_its_collection_was_dropped_stays_dropped(
@@ -227,10 +258,10 @@ def test_a_database_stream_moves_renames_inside_it_and_drops_renames_out_of_it(
         client.drop_database(other)
 
 
-# -- 11: pruning keeps the previous version's files for one more run ----------------------------
+# -- 11: pruning keeps the previous version's files while a reader may need them ------------
 
 
-def test_a_reader_of_the_previous_version_finishes_after_the_next_commit(
+def test_a_reader_of_a_pruned_version_finishes_and_gc_frees_it_after_compaction(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     stream = make_stream(keep_versions=1)
@@ -244,21 +275,60 @@ def test_a_reader_of_the_previous_version_finishes_after_the_next_commit(
 
     coll.delete_many({"_id": {"$lt": 3}})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).version == 2
-    assert current_state(reader) == expected_first  # its files are still there
+    second = transform(spark, sqlite_store, lake, stream)
+    assert (second.version, second.kind) == (2, "delta")
     with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2 "):
-        read_current(spark, sqlite_store, lake, stream.name, 1)  # but no new reader finds it
+        read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
 
     coll.insert_one({"_id": 50})
     drain(stream, raw_client, sqlite_store, lake)
     assert transform(spark, sqlite_store, lake, stream).version == 3
+    compacted = compact(spark, sqlite_store, lake, stream)
+    assert (compacted.version, compacted.deltas) == (4, 2)
+    collect_garbage(lake, sqlite_store, min_age_seconds=3600)  # pruned moments ago: kept
+    assert current_state(reader) == expected_first  # the old reader still finishes
     tstate = TransformState(sqlite_store)
-    on_disk = {p.name for p in (lake / "curated" / stream.name / "current").iterdir()}
     paths = {v.version: v.path.rsplit("/", 1)[-1] for v in tstate.versions(stream.name, True)}
-    assert on_disk == {paths[2], paths[3]}  # version 1's files went in the run after its prune
+    current_dir = lake / "curated" / stream.name / "current"
+    assert {p.name for p in current_dir.iterdir()} == set(paths.values())
+
+    collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    assert {p.name for p in current_dir.iterdir()} == {paths[4]}  # one base is the table
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
+
+
+def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "v": 0} for i in range(8)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    coll.update_many({"_id": {"$lt": 4}}, {"$set": {"v": 1}})
+    coll.delete_one({"_id": 7})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    expected = source_state(raw_client, db_name, "orders")
+
+    def die():
+        raise RuntimeError("killed between the base's files and the commit")
+
+    with pytest.raises(RuntimeError):
+        compact(spark, sqlite_store, lake, stream, before_commit=die)
+    tstate = TransformState(sqlite_store)
+    assert [(v.version, v.kind) for v in tstate.versions(stream.name)] == [
+        (1, "base"),
+        (2, "delta"),
+    ]
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == expected
+    assert compact(spark, sqlite_store, lake, stream).version == 3  # simply run again
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == expected
+    (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    assert swept.curated is not None and len(swept.curated.removed) == 1  # the dead base
 
 
 # -- 13c: turning current_table on backfills it from the change log -----------------------------

@@ -76,6 +76,16 @@ class Checks(BaseModel):
     headroom_error_seconds: Annotated[float, Field(gt=0)] = 3 * 3600
 
 
+class Compaction(BaseModel):
+    """When the newest version of `current` is rewritten as one base (see jobs.transform.compact):
+    once its deltas hold `delta_ratio` times the base's rows, or number `max_deltas`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delta_ratio: Annotated[float, Field(gt=0)] = 0.5
+    max_deltas: Annotated[int, Field(ge=1)] = 50
+
+
 class StreamConfig(BaseModel):
     """One change stream: what it watches, how, and how much one run may drain."""
 
@@ -102,6 +112,7 @@ class StreamConfig(BaseModel):
     snapshot_chunk_bytes: Annotated[int, Field(gt=0)] = 64 << 20
     current_table: bool = True  # fold into the versioned current-state table
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
+    compaction: Compaction = Field(default_factory=Compaction)
     schedule: str = "*/5 * * * *"  # cron of the Dagster schedule
     replay: Replay = Field(default_factory=Replay)
     checks: Checks = Field(default_factory=Checks)

@@ -1,6 +1,7 @@
-"""One drain or one transform in its own process, to be killed at a random moment.
+"""One drain, transform, or transform then compaction in its own process, to be killed at a
+random moment.
 
-Usage: python -m tests.helpers.crash_child drain|transform URI STATE_URL LAKE STREAM_JSON
+Usage: python -m tests.helpers.crash_child drain|transform|compact URI STATE_URL LAKE STREAM_JSON
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ def main() -> None:
 
         drain(stream, connect(uri, raw=True), store, Path(lake), flush_rows=150)
     else:
-        from jobs.transform import transform
+        from jobs.transform import compact, transform
         from resources.spark import SparkConfig, spark_session
 
         spark, _ = spark_session(SparkConfig(master="local[1]", driver_memory="1g"))
         transform(spark, store, Path(lake), stream)
+        if step == "compact":
+            compact(spark, store, Path(lake), stream)
 
 
 if __name__ == "__main__":

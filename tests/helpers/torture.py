@@ -46,7 +46,6 @@ from pymongo.errors import PyMongoError
 
 from jobs.capture import drain
 from jobs.ops import collect_garbage, reset_stream
-from jobs.transform.tables import changes_dir
 from resources.mongo import cluster_time, oplog_window
 from state import StateStore, TransformState
 from tests.helpers.oracle import burst, canonical, make_doc
@@ -266,12 +265,12 @@ def child_main(argv: list[str]) -> None:
     store = StateStore(state_url)
     from resources.mongo import connect
 
-    if kind == "transform":
-        from jobs.transform import transform
+    if kind in ("transform", "compact"):
+        from jobs.transform import compact, transform
         from resources.spark import SparkConfig, spark_session
 
         spark, _ = spark_session(SparkConfig(master="local[1]", driver_memory="1g"))
-        transform(spark, store, Path(lake), stream)
+        (transform if kind == "transform" else compact)(spark, store, Path(lake), stream)
         return
     client = connect(uri, raw=True)
     if kind == "replay":
@@ -515,6 +514,12 @@ class Torture:
             return "resnapshot_child", name, lambda: self._child("resnapshot", stream, kill)
         if roll < 0.80:
             return "gc", "*", lambda: self._inproc(self._gc)
+        if roll < 0.84 and rng.random() < 0.3:
+            # A compaction, killed mid-way as often as a transform is.
+            if self.cfg.transform_in_child:
+                kill = rng.uniform(3.0, 20.0) if rng.random() < self.cfg.kill_fraction else None
+                return "transform_compact_child", name, lambda: self._child("compact", stream, kill)
+            return "transform_compact", name, lambda: self._inproc(lambda: self._compact(stream))
         if roll < 0.84:
             if self.cfg.transform_in_child:
                 kill = rng.uniform(3.0, 20.0) if rng.random() < self.cfg.kill_fraction else None
@@ -609,6 +614,12 @@ class Torture:
         sweeps = collect_garbage(self.lake, self.store, min_age_seconds=0)
         removed = sum(len(s.result.removed) for s in sweeps if s.result is not None)
         return f"removed {removed}"
+
+    def _compact(self, stream: StreamConfig) -> str:
+        from jobs.transform import compact
+
+        result = compact(self.spark, self.store, self.lake, stream)
+        return f"compacted {result.deltas} deltas into v{result.version}"
 
     def _transform(self, stream: StreamConfig) -> str:
         from jobs.transform import transform
@@ -942,18 +953,27 @@ class Oracle:
         self, name: str, stream: StreamConfig, refs: list[Ref], expected: list[Ref]
     ) -> None:
         t = self.t
-        versions = TransformState(t.store).versions(name)
-        columns = ["_tm_db", "_tm_coll", "_tm_key", "_tm_document", "_tm_deleted"]
-        stored = read_table(t.lake / versions[-1].path, columns) if versions else []
-        # What readers see (jobs.transform.tables.read_current): tombstones and barriers are hidden.
-        rows = [r for r in stored if not r["_tm_deleted"]]
-        got: dict[tuple[str, str, str], str] = {}
+        tstate = TransformState(t.store)
+        versions = tstate.versions(name)
+        parts = tstate.version_parts(name, versions[-1].version) if versions else []
+        columns = ["_tm_db", "_tm_coll", "_tm_key", "_tm_document", "_tm_event_id", "_tm_deleted"]
+        # The merge rule (jobs.transform.merge), stated again here: per key the row with the
+        # greatest event id wins, the later directory on a tie; deleted rows are hidden.
+        newest: dict[tuple[str, str, str], dict[str, Any]] = {}
         problems = []
-        for r in rows:
-            key = (r["_tm_db"], r["_tm_coll"], r["_tm_key"])
-            if key in got:
-                problems.append(f"key twice in current: {key}")
-            got[key] = r["_tm_document"]
+        for part in parts:
+            seen_here: set[tuple[str, str, str]] = set()
+            for r in read_table(t.lake / part.path, columns):
+                if r["_tm_key"] is None:
+                    continue  # a namespace barrier
+                key = (r["_tm_db"], r["_tm_coll"], r["_tm_key"])
+                if key in seen_here:
+                    problems.append(f"key twice in {part.path}: {key}")
+                seen_here.add(key)
+                held = newest.get(key)
+                if held is None or r["_tm_event_id"] >= held["_tm_event_id"]:
+                    newest[key] = r
+        got = {k: r["_tm_document"] for k, r in newest.items() if not r["_tm_deleted"]}
         if name in FOLD_STREAMS:
             want, unsure = python_fold(expected, stream.database, stream.collection)
             note = (
@@ -995,7 +1015,12 @@ class Oracle:
 
     # 2. changes
     def _check_changes(self, name: str, refs: list[Ref], expected: list[Ref], lost: int) -> None:
-        rows = read_table(changes_dir(self.t.lake, name), ["event_id", "operation_type"])
+        rows = [
+            row
+            for run in TransformState(self.t.store).change_log_runs(name)
+            if run.changes_path
+            for row in read_table(self.t.lake / run.changes_path, ["event_id", "operation_type"])
+        ]
         logged = [r["event_id"] for r in rows if r["operation_type"] not in SNAPSHOT_OPS]
         self.captured[name] = len(logged)
         counts = Counter(logged)

@@ -131,7 +131,7 @@ def show_tables(spark: Any, runtime: Runtime, stream: str) -> None:
     rows = current.select("_tm_coll", *doc_fields).limit(5).collect()
     print(f"\ncurrent ({current.count():,} rows; document fields as columns):")
     print(format_table(["coll", *doc_fields], [[_short(v) for v in r] for r in rows]))
-    changes = read_changes(spark, runtime.lake_root, stream)
+    changes = read_changes(spark, runtime.store, runtime.lake_root, stream)
     recent = (
         changes.orderBy(changes.event_id.desc())
         .select("cluster_time", "operation_type", "document_key", "updated_fields")

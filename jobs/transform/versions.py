@@ -1,0 +1,201 @@
+"""Writing a version of `current`: a delta of the keys a run touched, or a whole new base.
+
+A run writes a *delta* when it can: the newest of its events per key, kept where it is newer
+than what the previous version holds for that key (so a late older event writes nothing),
+read from the previous version's key columns only. Its cost follows the run's events.
+
+It writes a new *base* (the previous version merged, with the events folded in by
+`jobs.transform.fold`) when there is no previous version, when `current` is rebuilt from the
+whole change log (a backfill), or when the run folds a namespace event (drop, dropDatabase,
+rename, a snapshot's start): those act on every row of a namespace, and keeping barriers out
+of deltas keeps the merge rule (`jobs.transform.merge`) a plain newest-per-key.
+
+Either way the directory is this attempt's own (`v=NNNNNN-<run id>`), written by Spark and
+never renamed; it is data once the run commits it (`jobs.transform.run`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from jobs.curated_zone import current_root, version_dir_name
+from jobs.lake import relative
+from jobs.transform.doc_columns import (
+    expand,
+    infer_schema,
+    merge_schemas,
+    schema_changes,
+    schema_from_json,
+    with_json,
+)
+from jobs.transform.fold import (
+    KEY,
+    NAMESPACE_OPERATIONS,
+    STATE_COLUMNS,
+    Watched,
+    barriers_of,
+    fold,
+    keyed_events,
+    not_cleared,
+)
+from jobs.transform.merge import merge, read_parts
+from state import BatchRecord, CurrentVersion, TransformState
+from tidemark.config import StreamConfig
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """What a run folds and onto what."""
+
+    stream: StreamConfig
+    number: int  # the run's number: the new version
+    run_id: str
+    previous: CurrentVersion | None  # the newest version (None: there is none to fold onto)
+    events: DataFrame  # the change-log rows to fold
+
+
+def folds_namespace_events(batches: list[BatchRecord]) -> bool:
+    """True when a batch holds a namespace event (the manifest counts events by type)."""
+    return any(b.events_by_type.get(op) for b in batches for op in NAMESPACE_OPERATIONS)
+
+
+def _directory(lake_root: Path, plan: VersionPlan) -> Path:
+    return current_root(lake_root, plan.stream.name) / version_dir_name(plan.number, plan.run_id)
+
+
+def _previous_rows(
+    spark: SparkSession, tstate: TransformState, lake_root: Path, previous: CurrentVersion
+) -> list[DataFrame]:
+    """The previous version's directories, base first, in its schema."""
+    parts = tstate.version_parts(previous.stream, previous.version)
+    return read_parts(spark, lake_root, parts, schema_from_json(previous.doc_schema))
+
+
+def write_base(
+    spark: SparkSession, tstate: TransformState, lake_root: Path, plan: VersionPlan
+) -> tuple[CurrentVersion, dict[str, list[str]]]:
+    """Fold the events onto the previous version (or nothing) and write every row."""
+    previous = plan.previous
+    if previous is None:
+        old_schema = StructType([])
+        state = spark.createDataFrame([], _state_schema())
+    else:
+        old_schema = schema_from_json(previous.doc_schema)
+        state = merge(_previous_rows(spark, tstate, lake_root, previous))
+    watched = Watched(plan.stream.database, plan.stream.collection)
+    folded = with_json(fold(state, plan.events, watched))
+    folded = folded.localCheckpoint()  # the fold and the Python UDFs run once, not per action
+    new_rows = folded.join(
+        plan.events.select(F.col("event_id").alias("_tm_event_id")), "_tm_event_id", "left_semi"
+    )
+    merged = merge_schemas(old_schema, _inferred(spark, lake_root, plan, new_rows))
+    target = _directory(lake_root, plan)
+    expand(folded, merged).write.parquet(str(target))
+    written, live = _counts(spark.read.parquet(str(target)))
+    return _record(plan, target, lake_root, "base", plan.number, written, live, merged), (
+        schema_changes(old_schema, merged)
+    )
+
+
+def write_delta(
+    spark: SparkSession, tstate: TransformState, lake_root: Path, plan: VersionPlan
+) -> tuple[CurrentVersion, dict[str, list[str]]]:
+    """Write the rows of the keys the events change; see the module docstring."""
+    previous = plan.previous
+    assert previous is not None and previous.base_version is not None
+    frames = _previous_rows(spark, tstate, lake_root, previous)
+    keyed = not_cleared(keyed_events(plan.events), barriers_of(frames[0]))
+    newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
+    latest = keyed.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
+    held = _held(frames, latest.select(*KEY))
+    held_id = F.col("_held_event_id")
+    newer = (
+        latest.join(held, KEY, "left")
+        .where(held_id.isNull() | (F.col("_tm_event_id") > held_id))
+        .withColumn("_was_live", held_id.isNotNull() & ~F.col("_held_deleted"))
+    )
+    newer = with_json(newer.select(*STATE_COLUMNS, "_was_live")).localCheckpoint()
+    old_schema = schema_from_json(previous.doc_schema)
+    merged = merge_schemas(old_schema, _inferred(spark, lake_root, plan, newer))
+    written, gained, lost = newer.agg(
+        F.count(F.lit(1)),
+        F.count(F.when(~F.col("_tm_deleted") & ~F.col("_was_live"), 1)),
+        F.count(F.when(F.col("_tm_deleted") & F.col("_was_live"), 1)),
+    ).first() or (0, 0, 0)
+    target = _directory(lake_root, plan)
+    expand(newer.drop("_was_live"), merged).write.parquet(str(target))
+    live = previous.rows + gained - lost
+    record = _record(plan, target, lake_root, "delta", previous.base_version, written, live, merged)
+    return record, schema_changes(old_schema, merged)
+
+
+def _held(frames: list[DataFrame], keys: DataFrame) -> DataFrame:
+    """What the previous version holds for `keys`: its newest event id and whether deleted."""
+    rows = frames[0].select(*KEY, "_tm_event_id", "_tm_deleted")
+    for frame in frames[1:]:
+        rows = rows.unionByName(frame.select(*KEY, "_tm_event_id", "_tm_deleted"))
+    newest = F.max_by(F.struct("_tm_event_id", "_tm_deleted"), "_tm_event_id")
+    return (
+        rows.join(keys, KEY, "left_semi")
+        .groupBy(*KEY)
+        .agg(newest.alias("_held"))
+        .select(
+            *KEY,
+            F.col("_held._tm_event_id").alias("_held_event_id"),
+            F.col("_held._tm_deleted").alias("_held_deleted"),
+        )
+    )
+
+
+def _inferred(
+    spark: SparkSession, lake_root: Path, plan: VersionPlan, rows: DataFrame
+) -> StructType:
+    """The schema Spark infers from the documents of `rows` (tombstones have none)."""
+    scratch = current_root(lake_root, plan.stream.name) / f"_infer-{plan.run_id}"
+    documents = rows.where(F.col("_tm_event_id").isNotNull() & ~F.col("_tm_deleted"))
+    return infer_schema(spark, documents.select("_tm_json"), scratch)
+
+
+def _counts(frame: DataFrame) -> tuple[int, int]:
+    written, live = frame.agg(
+        F.count(F.lit(1)), F.count(F.when(~F.col("_tm_deleted"), 1))
+    ).first() or (0, 0)
+    return written, live
+
+
+def _record(
+    plan: VersionPlan,
+    target: Path,
+    lake_root: Path,
+    kind: str,
+    base_version: int,
+    written: int,
+    live: int,
+    schema: StructType,
+) -> CurrentVersion:
+    return CurrentVersion(
+        stream=plan.stream.name,
+        version=plan.number,
+        path=relative(lake_root, target),
+        kind=kind,  # type: ignore[arg-type]
+        base_version=base_version,
+        written_rows=written,
+        rows=live,
+        doc_schema=schema.json(),
+        events_folded=0,  # the caller knows what it folded
+        changes_added=0,
+        created_at=datetime.now(UTC),
+    )
+
+
+def _state_schema() -> str:
+    return (
+        "_tm_db string, _tm_coll string, _tm_key string, _tm_document string, "
+        "_tm_event_id string, _tm_cluster_time timestamp, _tm_json string, _tm_deleted boolean"
+    )
