@@ -7,9 +7,13 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test test-fast soak ui workload browser install lint format check-python check-java mongod-stop clean
+.PHONY: demo test test-fast soak ui workload browser install lint format check-python check-java mongod-stop spark-start spark-stop clean
 
-demo: check-java install
+# demo and ui run Spark on the long-lived local Connect server (`tidemark spark start`, once,
+# 10-20 s) and point TIDEMARK_SPARK_REMOTE at it; it keeps running for the next runs.
+# TIDEMARK_SPARK_REMOTE=sc://host:port (a cluster's) or TIDEMARK_SPARK_MASTER=... (a JVM per
+# run) skip it.
+demo: check-java install spark-start
 	$(BIN)/tidemark demo
 
 test: check-java install browser
@@ -32,7 +36,7 @@ browser:
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	    else echo "Chromium is not installed: the UI test will be skipped (apt-get install chromium)."; fi; }
 
-ui: check-java install
+ui: check-java install spark-start
 	$(BIN)/tidemark ui
 
 install: $(STAMP)
@@ -65,8 +69,14 @@ format: install
 mongod-stop: install
 	$(BIN)/tidemark mongod stop
 
+spark-start: install
+	@if [ -z "$$TIDEMARK_SPARK_REMOTE$$TIDEMARK_SPARK_MASTER" ]; then $(BIN)/tidemark spark start; fi
+
+spark-stop: install
+	$(BIN)/tidemark spark stop
+
 workload: install
 	$(BIN)/tidemark workload
 
-clean: mongod-stop
+clean: mongod-stop spark-stop
 	rm -rf $(TIDEMARK_HOME)

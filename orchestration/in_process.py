@@ -3,7 +3,6 @@ code location, with resources built from the demo's settings instead of EnvVars.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import dagster as dg
@@ -17,13 +16,19 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def local_definitions(
-    config: TidemarkConfig, mongodb_uri: str, state_url: str, lake_root: str
+    config: TidemarkConfig,
+    mongodb_uri: str,
+    state_url: str,
+    lake_root: str,
+    spark_master: str = "local[*]",
+    spark_remote: str = "",
 ) -> dg.Definitions:
     resources = build_resources(
         mongodb_uri=mongodb_uri,
         state_url=state_url,
         lake_root=lake_root,
-        spark_master=os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
+        spark_master=spark_master,
+        spark_remote=spark_remote,
     )
     return build_definitions(config, resources)
 

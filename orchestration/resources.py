@@ -74,7 +74,8 @@ class LakeResource(dg.ConfigurableResource):
 
 
 class SparkResource(dg.ConfigurableResource):
-    """A SparkSession: local by default, a cluster master or a Spark Connect remote."""
+    """A SparkSession: local by default, a cluster master, or a Spark Connect remote (when
+    `remote` is set, `master` is not used and no JVM starts in the run's process)."""
 
     master: str = "local[*]"
     remote: str = ""
@@ -103,6 +104,7 @@ def build_resources(
     state_url: str | dg.EnvVar,
     lake_root: str | dg.EnvVar,
     spark_master: str | dg.EnvVar,
+    spark_remote: str | dg.EnvVar = "",
 ) -> dict[str, Any]:
     """The resources the assets and checks ask for, keyed by their parameter names. A value is
     a plain string (the demo, tests) or an `EnvVar`, which Dagster reads when a run starts."""
@@ -110,7 +112,7 @@ def build_resources(
         "mongo": MongoResource(uri=mongodb_uri),
         "state": StateStoreResource(url=state_url),
         "lake": LakeResource(root=lake_root),
-        "spark": SparkResource(master=spark_master),
+        "spark": SparkResource(master=spark_master, remote=spark_remote),
     }
 
 
@@ -121,4 +123,5 @@ def env_resources() -> dict[str, Any]:
         state_url=dg.EnvVar("TIDEMARK_STATE_URL"),
         lake_root=dg.EnvVar("TIDEMARK_LAKE"),
         spark_master=dg.EnvVar("TIDEMARK_SPARK_MASTER"),
+        spark_remote=dg.EnvVar("TIDEMARK_SPARK_REMOTE"),  # empty: none, use the master
     )

@@ -2,19 +2,23 @@
 
 `spark_session()` returns the process's session and whether this call created it; only the
 creator stops it (`stop_if_created`), so a test suite or a Dagster run sharing the session is
-never cut off by a helper that merely used it.
+never cut off by a helper that merely used it. With a Spark Connect remote (`sc://...`, e.g.
+the long-lived local server of `resources/spark_server.py`) no JVM starts in this process.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field
 
@@ -33,6 +37,7 @@ logger.submit.level = error
 logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
 logger.gateway.level = error
 """
+REMOTE_ENV = "TIDEMARK_SPARK_REMOTE"
 JAVA_HINT = (
     "Install Java 17 or 21 (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless) "
     "or set JAVA_HOME to one."
@@ -43,7 +48,7 @@ class SparkConfig(BaseModel):
     """How to reach Spark: a local master by default, a cluster master or a Connect remote."""
 
     master: str = "local[*]"
-    remote: str | None = None  # Spark Connect, e.g. sc://host:15002
+    remote: str | None = None  # Spark Connect, e.g. sc://host:15002 (TIDEMARK_SPARK_REMOTE)
     app_name: str = "tidemark"
     driver_memory: str = "2g"
     shuffle_partitions: int = 4
@@ -94,8 +99,57 @@ def _conf_dir() -> str:
     return str(directory)
 
 
+def session_settings(config: SparkConfig) -> dict[str, str]:
+    """The SQL settings every Tidemark session runs with, local or over Spark Connect (a
+    Connect server accepts these per session)."""
+    return {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.caseSensitive": "true",  # MongoDB field names are case-sensitive
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        **config.conf,
+    }
+
+
+def jvm_settings(config: SparkConfig) -> dict[str, str]:
+    """The settings of a driver JVM this machine starts (a session's or the Connect server's).
+    A Connect server refuses them from a client (CANNOT_MODIFY_CONFIG): they are fixed when
+    its JVM starts."""
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": config.driver_memory,  # only honoured before the JVM starts
+    }
+    if config.master.startswith("local"):
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+        settings["spark.driver.host"] = "127.0.0.1"
+    return settings
+
+
+def local_environment(config: SparkConfig) -> dict[str, str]:
+    """The environment a driver JVM started here needs: quiet logs, and Python UDF workers
+    running this interpreter (its venv has pandas, bsonjs, pymongo)."""
+    env = {"SPARK_CONF_DIR": _conf_dir(), "PYSPARK_PYTHON": sys.executable}
+    if config.master.startswith("local"):
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return env
+
+
+def prepare_connect_mode(remote: str | None) -> None:
+    """Put this process in Spark Connect mode when it will use a remote.
+
+    PySpark builds a pandas UDF for the mode the process is in when the UDF is defined, and
+    the transform defines its UDFs when its modules are imported: a classic UDF used over
+    Connect fails (SESSION_OR_CONTEXT_NOT_EXISTS). So this must run before `jobs.transform` is
+    imported; `orchestration` calls it first thing, and the session sets it too.
+    """
+    if remote:
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+
+
 def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
-    """The process's SparkSession and whether this call created it."""
+    """The process's SparkSession and whether this call created it: a local JVM (or a cluster
+    master), or a Spark Connect session when `config.remote` is set (no JVM here then)."""
     from pyspark.sql import SparkSession  # heavy import, only where Spark is used
 
     config = config or SparkConfig()
@@ -105,43 +159,67 @@ def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
         return SparkSession.active(), False
     except Exception:  # PySparkRuntimeError NO_ACTIVE_OR_DEFAULT_SESSION
         pass
-    builder = SparkSession.builder.appName(config.app_name)
-    settings: dict[str, str] = {
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.caseSensitive": "true",  # MongoDB field names are case-sensitive
-        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        **config.conf,
-    }
+    settings = session_settings(config)
     if config.remote:
-        builder = builder.remote(config.remote)
+        check_remote_answers(config.remote)
+        prepare_connect_mode(config.remote)
+        builder = SparkSession.builder.remote(config.remote)
     else:
         check_java()
-        os.environ.setdefault("SPARK_CONF_DIR", _conf_dir())
-        # Python UDF workers must run this interpreter (its venv has pandas, bsonjs, ...).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        if config.master.startswith("local"):
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
-            settings.setdefault("spark.driver.host", "127.0.0.1")
-        settings["spark.driver.memory"] = config.driver_memory  # only honoured before the JVM
-        builder = builder.master(config.master)
+        for name, value in local_environment(config).items():
+            os.environ.setdefault(name, value)
+        settings = {**jvm_settings(config), **settings}
+        builder = SparkSession.builder.appName(config.app_name).master(config.master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         session = builder.getOrCreate()
     except Exception as exc:  # py4j and Connect raise many kinds; all mean "no Spark"
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        if config.remote:
+            raise SparkUnavailable(
+                f"The Spark Connect session at {config.remote} did not start ({reason}).",
+                f"Check {REMOTE_ENV} and the server's log (`tidemark spark status` names the "
+                "local one's).",
+            ) from None
         raise SparkUnavailable(
-            f"Spark did not start ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}).",
-            f"Check the Spark settings (master {config.master!r}"
-            + (f", remote {config.remote!r}" if config.remote else "")
-            + f"). {JAVA_HINT}",
+            f"Spark did not start ({reason}).",
+            f"Check the Spark settings (master {config.master!r}). {JAVA_HINT}",
         ) from None
     return session, True
 
 
+def check_remote_answers(remote: str, timeout: float = 5.0) -> None:
+    """Fail fast when nothing listens at a Connect URL: the Connect client itself retries an
+    unreachable server for minutes before it gives up."""
+    parsed = urlparse(remote.split(";", 1)[0])
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise SparkUnavailable(
+            f"The Spark Connect URL {remote!r} is not of the form sc://host:port.",
+            f"Fix {REMOTE_ENV} (e.g. sc://127.0.0.1:15002).",
+        )
+    try:
+        socket.create_connection((parsed.hostname, parsed.port or 15002), timeout).close()
+    except OSError as exc:
+        raise SparkUnavailable(
+            f"No Spark Connect server answers at {remote} ({exc.strerror or exc}).",
+            f"Start the local one with `tidemark spark start`, or point {REMOTE_ENV} at a "
+            "running server.",
+        ) from None
+
+
 def stop_if_created(session: Any, created: bool) -> None:
     if created:
+        _await_connect_releases(session)
         session.stop()
+
+
+def _await_connect_releases(session: Any, timeout: float = 10.0) -> None:
+    """A Connect client frees each query's results on the server asynchronously, and `stop()`
+    releases the session first: a release still in flight then fails (SESSION_CLOSED) and
+    PySpark logs a warning for each. Waiting for them first keeps run output clean."""
+    if not type(session).__module__.startswith("pyspark.sql.connect"):
+        return  # a classic session (its `client` property raises)
+    futures = getattr(session.client, "_release_futures", None)
+    if futures:
+        concurrent.futures.wait(list(futures), timeout=timeout)

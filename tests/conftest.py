@@ -23,6 +23,11 @@ from tidemark.config import StreamConfig
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
 
+# The suite chooses its Spark itself (a local session; tests/test_spark_server.py a Connect
+# server of its own): a TIDEMARK_SPARK_REMOTE in the developer's shell would switch every
+# process that imports `orchestration` to Spark Connect mode.
+os.environ.pop("TIDEMARK_SPARK_REMOTE", None)
+
 # What the fast tier (`-m fast`, `make test-fast`) must never start: a mongod or a Spark session.
 SERVER_FIXTURES = frozenset({"mongod", "client", "raw_client", "auth_mongod", "spark"})
 

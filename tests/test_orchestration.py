@@ -107,6 +107,7 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         resources["state"].url,
         resources["lake"].root,
         resources["spark"].master,
+        resources["spark"].remote,
     ]
     assert all(isinstance(value, dg.EnvVar) for value in settings), settings
     assert settings == [
@@ -114,6 +115,7 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         "TIDEMARK_STATE_URL",
         "TIDEMARK_LAKE",
         "TIDEMARK_SPARK_MASTER",
+        "TIDEMARK_SPARK_REMOTE",
     ]
 
 

@@ -64,6 +64,7 @@ def dagster_dev(tmp_path, mongod, db_name):
         "TIDEMARK_STATE_URL": f"sqlite:///{tmp_path / 'state.db'}",
         "TIDEMARK_LAKE": str(tmp_path / "lake"),
         "TIDEMARK_SPARK_MASTER": "local[2]",
+        "TIDEMARK_SPARK_REMOTE": "",  # a JVM per run here; tests/test_spark_server.py: Connect
         "DAGSTER_HOME": str(tmp_path / "dagster"),
     }
     (tmp_path / "dagster").mkdir()

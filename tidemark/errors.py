@@ -72,5 +72,9 @@ class SparkUnavailable(TidemarkError):
     """Spark cannot start: no suitable Java, or the session failed to come up."""
 
 
+class SparkServerError(SparkUnavailable):
+    """The local Spark Connect server did not start, or did not answer; its log says why."""
+
+
 class TransformConflict(TidemarkError):
     """Another transform committed a version of this stream first; nothing was committed."""

@@ -27,6 +27,8 @@ class Settings:
     state_url: str
     lake_root: Path
     mongodb_uri: str | None
+    spark_master: str | None  # a Spark master: each process starts its own driver JVM
+    spark_remote: str | None  # a Spark Connect server (sc://host:port): no JVM here
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -40,4 +42,6 @@ class Settings:
             state_url=state_url,
             lake_root=Path(lake).expanduser().resolve(),
             mongodb_uri=os.environ.get("MONGODB_URI") or None,
+            spark_master=os.environ.get("TIDEMARK_SPARK_MASTER") or None,
+            spark_remote=os.environ.get("TIDEMARK_SPARK_REMOTE") or None,
         )

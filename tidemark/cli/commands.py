@@ -1,4 +1,5 @@
-"""The `tidemark` command for operators: drain, status, reset, gc, the embedded mongod, demo.
+"""The `tidemark` command for operators: drain, status, reset, gc, the embedded mongod, the
+local Spark Connect server, demo.
 
 Every `TidemarkError` is printed as its one-paragraph message (exit code 2), never a traceback.
 """
@@ -18,9 +19,11 @@ from pathlib import Path
 from jobs.capture import DrainResult, drain
 from jobs.ops import collect_garbage, reset_stream, stream_status
 from resources.embedded_mongo import ensure_embedded, stop_embedded
+from resources.spark import REMOTE_ENV
+from resources.spark_server import DEFAULT_PORT, last_log, running_server, start_server, stop_server
 from tidemark.cli.runtime import Runtime, open_runtime
 from tidemark.cli.table import format_table, human_bytes, human_seconds
-from tidemark.errors import TidemarkError
+from tidemark.errors import SparkServerError, TidemarkError
 from tidemark.settings import Settings
 from tidemark.tokens import ts_to_datetime
 
@@ -30,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="tidemark",
         description="MongoDB change streams into a Parquet lake, exactly once.",
         epilog="Environment: MONGODB_URI, TIDEMARK_CONFIG, TIDEMARK_STATE_URL, TIDEMARK_LAKE, "
-        "TIDEMARK_HOME (see README).",
+        "TIDEMARK_HOME, TIDEMARK_SPARK_REMOTE, TIDEMARK_SPARK_MASTER (see README).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("drain", help="drain one stream (or all) now and commit")
@@ -59,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("mongod", help="the embedded mongod under the Tidemark home")
     p.add_argument("action", choices=["start", "stop", "uri"])
+    p = sub.add_parser("spark", help="the local Spark Connect server under the Tidemark home")
+    p.add_argument("action", choices=["start", "stop", "status", "url"])
+    p.add_argument(
+        "--port",
+        type=int,
+        help=f"port on 127.0.0.1 (default: the last one, else {DEFAULT_PORT}, else a free one)",
+    )
+    p.add_argument("--driver-memory", default="2g", help="the server JVM's heap (default 2g)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long start waits for the server to answer (default 120)",
+    )
     p = sub.add_parser("demo", help="sample workload, drain and summary (make demo)")
     p.add_argument("--orders", type=int, default=500)
     p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui)")
@@ -104,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.command == "mongod":
         return _mongod(args.action, settings)
+    if args.command == "spark":
+        return _spark(args, settings)
     if args.command == "ui":
         return _ui(settings, args.port)
     runtime = open_runtime(settings)
@@ -251,7 +271,7 @@ def _ui(settings: Settings, port: int) -> int:
     from tidemark.cli.dagster_env import dagster_environment
 
     env = {**os.environ, **dagster_environment(settings)}
-    workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
+    workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"  # the checkout's root
     dagster = Path(sys.executable).parent / "dagster"
     print(
         f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={env['DAGSTER_HOME']}); "
@@ -305,6 +325,44 @@ def _mongod(action: str, settings: Settings) -> int:
         return 0
     mongod = ensure_embedded(settings.home)
     print(mongod.uri)
+    return 0
+
+
+def _spark(args: argparse.Namespace, settings: Settings) -> int:
+    home = settings.home
+    if args.action == "stop":
+        stopped = stop_server(home)
+        print("Spark Connect server stopped" if stopped else "no Spark Connect server was running")
+        return 0
+    if args.action == "start":
+        began = time.monotonic()
+        server, started = start_server(
+            home, port=args.port, driver_memory=args.driver_memory, timeout=args.timeout
+        )
+        took = f" in {time.monotonic() - began:.1f} s" if started else ""
+        print(
+            f"Spark Connect server {'started' if started else 'already running'} at "
+            f"{server.url}{took} (pid {server.pid}, driver memory {server.driver_memory}; "
+            f"log {server.log}).\nPoint runs at it with {REMOTE_ENV}={server.url} "
+            "(make demo and make ui do); `tidemark spark stop` stops it."
+        )
+        return 0
+    server = running_server(home)
+    if args.action == "url":
+        if server is None:
+            raise SparkServerError(
+                "No Spark Connect server runs under this Tidemark home.",
+                "Start it with `tidemark spark start`.",
+            )
+        print(server.url)
+        return 0
+    if server is None:
+        log = last_log(home)
+        print("Spark Connect server: not running" + (f" (last log: {log})" if log else ""))
+        return 1
+    print(f"Spark Connect server: running\n  url            {server.url}")
+    print(f"  pid            {server.pid}\n  driver memory  {server.driver_memory}")
+    print(f"  python         {server.python}\n  log            {server.log}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """The environment Dagster runs Tidemark in: every EnvVar the definitions read, with defaults.
 
 `tidemark ui` and the demo fill in what is unset (the embedded mongod, the home's state store
-and lake, a local Spark) and give Dagster a persistent DAGSTER_HOME whose instance limits each
-stream's concurrency pool to one running step.
+and lake, the home's Spark Connect server) and give Dagster a persistent DAGSTER_HOME whose
+instance limits each stream's concurrency pool to one running step.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tidemark.cli.runtime import resolve_mongodb_uri
+from tidemark.cli.runtime import resolve_mongodb_uri, resolve_spark_remote
 from tidemark.settings import Settings
 
 DAGSTER_YAML = """\
@@ -38,7 +38,8 @@ def dagster_environment(settings: Settings) -> dict[str, str]:
         "MONGODB_URI": resolve_mongodb_uri(settings),
         "TIDEMARK_STATE_URL": settings.state_url,
         "TIDEMARK_LAKE": str(settings.lake_root),
-        "TIDEMARK_SPARK_MASTER": os.environ.get("TIDEMARK_SPARK_MASTER", "local[*]"),
+        "TIDEMARK_SPARK_MASTER": settings.spark_master or "local[*]",
+        "TIDEMARK_SPARK_REMOTE": resolve_spark_remote(settings),
         "TIDEMARK_CONFIG": str(settings.config_path),
         "DAGSTER_HOME": str(dagster_home(settings)),
     }

@@ -4,6 +4,11 @@ Dagster in process, and a summary of what landed in the lake.
 On a first run the stream has no position yet and starts "now", so the demo runs the sync job
 once before writing (that commits the starting token), then writes the workload and runs it
 again. Runs go to the persistent DAGSTER_HOME, so `make ui` shows them afterwards.
+
+Spark is the home's long-lived Connect server unless TIDEMARK_SPARK_REMOTE or
+TIDEMARK_SPARK_MASTER says otherwise: the demo starts it when it does not run and leaves it
+running, so the next demo and `make ui`'s runs skip the JVM start (the output says how to
+stop it).
 """
 
 from __future__ import annotations
@@ -12,25 +17,40 @@ import os
 from typing import Any
 
 from resources.mongo import connect
-from tidemark.cli.runtime import Runtime
+from resources.spark import REMOTE_ENV, SparkConfig, spark_session, stop_if_created
+from tidemark.cli.runtime import Runtime, resolve_spark_remote
 from tidemark.cli.table import format_table, human_bytes
 from tidemark.cli.workload import run_workload
 
 
 def run_demo(runtime: Runtime, orders: int = 500) -> None:
-    from orchestration.in_process import local_definitions, run_sync
-    from resources.spark import spark_session, stop_if_created
-    from tidemark.cli.dagster_env import dagster_home
-
     streams = [s for s in runtime.config.streams if s.scope == "collection"]
     if not streams:
         raise SystemExit("The demo needs a collection stream in the streams config.")
+    remote = resolve_spark_remote(runtime.settings)
+    if remote:
+        # Before `orchestration` (and with it the transform) is imported: see its docstring.
+        os.environ[REMOTE_ENV] = remote
+    from orchestration.in_process import local_definitions, run_sync
+    from tidemark.cli.dagster_env import dagster_home
+
     os.environ.setdefault("DAGSTER_HOME", str(dagster_home(runtime.settings)))
+    spark_config = SparkConfig(master=runtime.settings.spark_master or "local[*]", remote=remote)
     defs = local_definitions(
-        runtime.config, runtime.uri, runtime.settings.state_url, str(runtime.lake_root)
+        runtime.config,
+        runtime.uri,
+        runtime.settings.state_url,
+        str(runtime.lake_root),
+        spark_master=spark_config.master,
+        spark_remote=remote,
     )
-    print("Starting Spark (the transform's engine) ...", flush=True)
-    spark, created = spark_session()  # shared with the runs, printed from afterwards
+    print(
+        f"Spark (the transform's engine): the Connect server at {remote}"
+        if remote
+        else "Starting Spark (the transform's engine) ...",
+        flush=True,
+    )
+    spark, created = spark_session(spark_config)  # shared with the runs, printed from after
     writer = connect(runtime.uri)
     try:
         for stream in streams:
@@ -60,6 +80,11 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
         stop_if_created(spark, created)
     print(f"\nraw zone: {runtime.lake_root / 'raw'}")
     print(f"curated zone: {runtime.lake_root / 'curated'}")
+    if remote and not runtime.settings.spark_remote:
+        print(
+            f"Spark: the local Connect server keeps running at {remote} for the next runs "
+            "(`tidemark spark status`); `tidemark spark stop` stops it."
+        )
     print("See the runs, the asset graph and the checks with `make ui`.")
 
 

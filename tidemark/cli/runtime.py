@@ -1,7 +1,10 @@
-"""Wiring for the CLI and the demo: settings -> config, state store, MongoDB client, lake.
+"""Wiring for the CLI and the demo: settings -> config, state store, MongoDB client, lake,
+Spark.
 
 With `MONGODB_URI` unset, the embedded mongod under the Tidemark home is used (started on
-first use), which is what the demo and a first try want; the CLI says so on stderr.
+first use), which is what the demo and a first try want; the CLI says so on stderr. Likewise
+the demo and the UI use the home's long-lived Spark Connect server when neither
+`TIDEMARK_SPARK_REMOTE` nor `TIDEMARK_SPARK_MASTER` is set.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from pymongo import MongoClient
 
 from resources.embedded_mongo import ensure_embedded
 from resources.mongo import connect
+from resources.spark import REMOTE_ENV
+from resources.spark_server import start_server
 from state import StateStore
 from tidemark.config import TidemarkConfig, load_config
 from tidemark.settings import Settings
@@ -30,6 +35,32 @@ def resolve_mongodb_uri(settings: Settings, announce: bool = True) -> str:
             file=sys.stderr,
         )
     return mongod.uri
+
+
+def resolve_spark_remote(settings: Settings, announce: bool = True) -> str:
+    """The Spark Connect URL the pipeline's runs use, or "" for a driver JVM per process.
+
+    `TIDEMARK_SPARK_REMOTE` wins; a `TIDEMARK_SPARK_MASTER` asks for JVMs of its own; with
+    neither, the home's local Connect server, started when it does not run (10-20 s, once)
+    and left running for the next runs.
+    """
+    if settings.spark_remote:
+        return settings.spark_remote
+    if settings.spark_master:
+        return ""
+    server, started = start_server(settings.home)
+    if announce:
+        print(
+            f"{REMOTE_ENV} is not set: using the local Spark Connect server at {server.url} "
+            + (
+                f"(started; log {server.log}). It keeps running for the next runs; "
+                "`tidemark spark stop` stops it."
+                if started
+                else f"(pid {server.pid})."
+            ),
+            file=sys.stderr,
+        )
+    return server.url
 
 
 @dataclass
