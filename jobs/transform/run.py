@@ -84,7 +84,8 @@ def transform(
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
         phases = {"plan": time.monotonic() - clock}
         mark = time.monotonic()
-        session = spark if isinstance(spark, SparkSession) else spark()
+        # A classic or a Connect session (neither is callable), or a factory of one.
+        session = spark() if callable(spark) else spark
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
         run = ((latest.version if latest else 0) + 1, new_batch_id())
         new = log_new_events(session, tstate, lake_root, stream.name, batches, run)
