@@ -48,16 +48,17 @@ def conform(frame: DataFrame, schema: StructType) -> DataFrame:
 
     A column the directory lacks is null; one whose type differs (the field widened after
     the directory was written) is parsed again from `_tm_json` in the new type."""
-    if DELETED not in frame.columns:  # a version written before tombstones existed
-        frame = frame.withColumn(DELETED, F.lit(False))
-    have = dict(frame.dtypes)
-    columns: list[Column] = [F.col(c) for c in STATE_COLUMNS]
+    # One schema lookup (over Spark Connect each is a round trip to the server).
+    have = {f.name: f.dataType for f in frame.schema.fields}
+    columns: list[Column] = [F.col(c) for c in STATE_COLUMNS if c != DELETED]
+    # A version written before tombstones existed has no deleted rows.
+    columns.append(F.col(DELETED) if DELETED in have else F.lit(False).alias(DELETED))
     for field in schema.fields:
         if field.name.startswith("_tm_"):
             continue
         if field.name not in have:
             column = F.lit(None).cast(field.dataType)
-        elif frame.schema[field.name].dataType == field.dataType:
+        elif have[field.name] == field.dataType:
             column = F.col(field.name)
         else:
             parsed = F.from_json(F.col("_tm_json"), StructType([field]), JSON_OPTIONS)

@@ -28,6 +28,7 @@ from jobs.curated_zone import current_root, version_dir_name
 from jobs.lake import relative
 from jobs.transform.doc_columns import (
     expand,
+    flatten_udf,
     infer_schema,
     merge_schemas,
     schema_changes,
@@ -120,7 +121,12 @@ def write_delta(
         .where(held_id.isNull() | (F.col("_tm_event_id") > held_id))
         .withColumn("_was_live", held_id.isNotNull() & ~F.col("_held_deleted"))
     )
-    newer = with_json(newer.select(*STATE_COLUMNS, "_was_live")).localCheckpoint()
+    # Every row of a delta is new: its plain JSON in one pass (a tombstone's is null).
+    newer = (
+        newer.select(*STATE_COLUMNS, "_was_live")
+        .withColumn("_tm_json", flatten_udf(F.col("_tm_document")))
+        .localCheckpoint()
+    )
     old_schema = schema_from_json(previous.doc_schema)
     merged = merge_schemas(old_schema, _inferred(spark, lake_root, plan, newer))
     written, gained, lost = newer.agg(
