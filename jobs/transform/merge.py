@@ -41,13 +41,22 @@ from state import CurrentVersion
 
 DELETED = "_tm_deleted"
 _ORDER = "_tm_part"  # which directory a row came from: breaks ties towards the later one
+# Helper columns are named `_tm_*`: no document field becomes a column of that name.
+_RANK = "_tm_rank"
+
+
+def quoted(name: str) -> str:
+    """A column reference to a field named `name` as is (a document field may hold a dot)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def conform(frame: DataFrame, schema: StructType) -> DataFrame:
     """`frame`'s rows as STATE_COLUMNS plus one column per field of `schema`, in that order.
 
-    A column the directory lacks is null; one whose type differs (the field widened after
-    the directory was written) is parsed again from `_tm_json` in the new type."""
+    A column the directory lacks (the field is newer than the directory, or a type Parquet
+    cannot hold, such as an empty sub-document) or holds in another type (the field widened
+    after the directory was written) is parsed again from `_tm_json`, so a row reads the same
+    whichever directory it is in."""
     # One schema lookup (over Spark Connect each is a round trip to the server).
     have = {f.name: f.dataType for f in frame.schema.fields}
     columns: list[Column] = [F.col(c) for c in STATE_COLUMNS if c != DELETED]
@@ -56,10 +65,8 @@ def conform(frame: DataFrame, schema: StructType) -> DataFrame:
     for field in schema.fields:
         if field.name.startswith("_tm_"):
             continue
-        if field.name not in have:
-            column = F.lit(None).cast(field.dataType)
-        elif have[field.name] == field.dataType:
-            column = F.col(field.name)
+        if have.get(field.name) == field.dataType:
+            column = F.col(quoted(field.name))
         else:
             parsed = F.from_json(F.col("_tm_json"), StructType([field]), JSON_OPTIONS)
             column = parsed.getField(field.name)
@@ -94,9 +101,9 @@ def merge(frames: Sequence[DataFrame]) -> DataFrame:
     barriers = rows.where(F.col("_tm_key").isNull())
     keyed = (
         rows.where(F.col("_tm_key").isNotNull())
-        .withColumn("_rank", F.row_number().over(newest_first))
-        .where("_rank = 1")
-        .drop("_rank")
+        .withColumn(_RANK, F.row_number().over(newest_first))
+        .where(F.col(_RANK) == 1)
+        .drop(_RANK)
     )
     return keyed.unionByName(barriers).drop(_ORDER)
 

@@ -113,7 +113,7 @@ def write_delta(
     frames = _previous_rows(spark, tstate, lake_root, previous)
     keyed = not_cleared(keyed_events(plan.events), barriers_of(frames[0]))
     newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
-    latest = keyed.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
+    latest = keyed.withColumn("_tm_rank", F.row_number().over(newest_first)).where("_tm_rank = 1")
     held = _held(frames, latest.select(*KEY))
     held_id = F.col("_held_event_id")
     newer = (
