@@ -100,7 +100,9 @@ def infer_schema(
     and empty names kept, NaN and Infinity unparsed), so each would need mapping back.
     """
     del scratch
-    inferred = spark.read.options(**JSON_OPTIONS).json(json_rows).schema
+    # A field null in every new row says nothing of its type (Spark would call it a string
+    # and widen an existing number); rows whose field is left out are read from their JSON.
+    inferred = spark.read.options(**JSON_OPTIONS, dropFieldIfAllNull="true").json(json_rows).schema
     return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
 
 

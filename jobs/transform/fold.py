@@ -202,7 +202,8 @@ def apply_namespace_event(state: DataFrame, event: Any, watched: Watched) -> Dat
     state = _clear(state, event.db, event.coll, event)
     if not watched.contains(event.to_db, event.to_coll):
         return state  # out of scope: gone, as with a drop
-    return _clear(state, event.to_db, event.to_coll, event).unionByName(moving)
+    # What the target holds since the rename is newer than what moves: newest per key wins.
+    return apply_segment(_clear(state, event.to_db, event.to_coll, event), moving)
 
 
 def fold(previous: DataFrame, events: DataFrame, watched: Watched | None = None) -> DataFrame:
