@@ -7,7 +7,7 @@ This form is for the convenience columns only; the lossless canonical document s
 
 The plain JSON is defined by `flatten` over the canonical Extended JSON (json.loads with a
 hook per object, unwrapping each wrapper). `plain_json` gives the same text from the
-document's BSON at a third of the cost, the work done in C: pymongo's decoder, then the json
+document's BSON at half the cost, the work done in C: pymongo's decoder, then the json
 module's C encoder, Python running only for the values JSON has no type for (`_plain`). The
 two readings differ only where canonical Extended JSON is ambiguous or pymongo decodes
 differently, so those documents take the canonical route: a key starting with `$` (canonical
@@ -40,7 +40,7 @@ def _encoder(default: Callable[[Any], Any] | None) -> Callable[[Any], str]:
     JSON's definition (compact, UTF-8 as is, NaN and Infinity as JavaScript writes them).
 
     The json module's C encoder, built once: JSONEncoder.encode builds it anew for every
-    call (a third of the time of a small document). No cycle check: decoded values have none.
+    call (a third of the time a small document takes). No cycle check: decoded values have none.
     """
     make = json.encoder.c_make_encoder
     if make is None:  # an interpreter without the C accelerator
