@@ -11,7 +11,7 @@ from bson import Binary, Decimal128, Int64, ObjectId, Regex
 
 from jobs.raw_zone import document_json
 from jobs.transform.doc_columns import (
-    JSON_OPTIONS,
+    INFER_OPTIONS,
     document_json_udf,
     documents_udf,
     flatten_udf,
@@ -71,7 +71,7 @@ TRICKY_JSON = [
 def test_infer_schema_is_what_reading_the_texts_as_a_json_file_infers(spark, tmp_path) -> None:
     rows = spark.createDataFrame([(text,) for text in TRICKY_JSON], "_tm_json string")
     rows.write.text(str(tmp_path / "texts"))  # the route infer_schema had before
-    expected = spark.read.options(**JSON_OPTIONS).json(str(tmp_path / "texts")).schema
+    expected = spark.read.options(**INFER_OPTIONS).json(str(tmp_path / "texts")).schema
     got = infer_schema(spark, rows)
     assert got.fields == [f for f in expected.fields if f.name != "_corrupt_record"]
     assert infer_schema(spark, rows.where("false")).fields == []

@@ -37,6 +37,9 @@ from jobs.transform.extjson import flatten, plain_json
 from jobs.transform.fold import STATE_COLUMNS
 
 JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
+# A field null in every new row says nothing of its type (Spark would call it a string and
+# widen an existing number); rows whose field is left out are read from their JSON.
+INFER_OPTIONS = {**JSON_OPTIONS, "dropFieldIfAllNull": "true"}
 
 DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
 # documents_udf's struct: DOCUMENT_FIELDS, then the full document's plain JSON as the state's
