@@ -72,9 +72,13 @@ def test_gc_reports_removed_orphans(env, capsys):
     orphan = Path(env["lake"]) / "raw" / "orders" / "date=2026-01-01" / "hour=00" / "o.parquet"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"x")
+    dead_run = Path(env["lake"]) / "curated" / "orders" / "current" / "v=000001-dead"
+    dead_run.mkdir(parents=True)  # a transform attempt that died before its commit
     assert main(["gc", "--min-age", "0"]) == 0
-    assert not orphan.exists()
-    assert "orders" in capsys.readouterr().out
+    assert not orphan.exists() and not dead_run.exists()
+    out = capsys.readouterr().out
+    assert "curated dirs removed" in out
+    assert [c.strip() for c in out.splitlines()[-1].split()][:3] == ["orders", "1", "1"]
 
 
 def test_errors_are_one_message_not_a_traceback(env, monkeypatch, capsys):

@@ -254,16 +254,15 @@ def _gc(runtime: Runtime, min_age: float) -> int:
     rows = []
     for sweep in collect_garbage(runtime.lake_root, runtime.store, min_age):
         if sweep.result is None:
-            rows.append([sweep.stream, "-", "-", sweep.note])
+            rows.append([sweep.stream, "-", "-", "-", sweep.note])
         else:
-            rows.append(
-                [sweep.stream, len(sweep.result.removed), len(sweep.result.kept_young), "ok"]
+            curated = len(sweep.curated.removed) if sweep.curated else 0
+            young = len(sweep.result.kept_young) + (
+                len(sweep.curated.kept_young) if sweep.curated else 0
             )
-    print(
-        format_table(["stream", "orphans removed", "kept (younger than --min-age)", "note"], rows)
-        if rows
-        else "The lake holds no raw files yet."
-    )
+            rows.append([sweep.stream, len(sweep.result.removed), curated, young, "ok"])
+    header = ["stream", "raw files removed", "curated dirs removed", "kept (younger)", "note"]
+    print(format_table(header, rows) if rows else "The lake holds no raw files yet.")
     return 0
 
 
