@@ -11,6 +11,7 @@ import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,23 +75,42 @@ class SweepResult:
     kept_young: list[str]
 
 
-def sweep_orphans(
-    lake_root: Path, stream: str, committed: set[str], min_age_seconds: float
+def sweep(
+    lake_root: Path,
+    candidates: Iterable[Path],
+    keep: set[str],
+    min_age_seconds: float,
+    remove: Callable[[Path], None],
 ) -> SweepResult:
-    """Delete the stream's files that no committed batch lists (older than `min_age_seconds`)."""
+    """`remove` each candidate whose lake-relative path `keep` lacks, unless it is younger
+    than `min_age_seconds` (a writer with a skewed clock may still be at work on it)."""
     removed, young = [], []
     now = time.time()
-    for path in stream_files(lake_root, stream):
+    for path in candidates:
         rel = relative(lake_root, path)
-        if rel in committed:
+        if rel in keep:
             continue
         if now - path.stat().st_mtime < min_age_seconds:
             young.append(rel)
             continue
-        path.unlink(missing_ok=True)
+        remove(path)
         removed.append(rel)
-    _remove_empty_dirs(lake_root / RAW / stream)
     return SweepResult(removed, young)
+
+
+def sweep_orphans(
+    lake_root: Path, stream: str, committed: set[str], min_age_seconds: float
+) -> SweepResult:
+    """Delete the stream's files that no committed batch lists (older than `min_age_seconds`)."""
+    result = sweep(
+        lake_root,
+        stream_files(lake_root, stream),
+        committed,
+        min_age_seconds,
+        lambda path: path.unlink(missing_ok=True),
+    )
+    _remove_empty_dirs(lake_root / RAW / stream)
+    return result
 
 
 def _remove_empty_dirs(base: Path) -> None:

@@ -72,13 +72,9 @@ class TransformState:
         Raises:
             StateStoreError: the database failed.
         """
-        chosen = _first(self._read("version list", _runs(stream).where(_V.c.version == version)))
-        if chosen is None or chosen.path is None or chosen.base_version is None:
-            return []
-        query = _runs(stream, with_version=True).where(
-            _V.c.version >= chosen.base_version, _V.c.version <= version
-        )
-        return self._read("version list", query.order_by(_V.c.version))
+        runs = self.runs(stream)
+        chosen = next((r for r in runs if r.version == version), None)
+        return parts_of(runs, chosen) if chosen is not None else []
 
     def change_log_runs(
         self, stream: str, first_event_id: str | None = None, last_event_id: str | None = None
@@ -224,6 +220,15 @@ def _runs(stream: str, with_version: bool = False, include_pruned: bool = True) 
     if not include_pruned:
         query = query.where(_V.c.pruned_at.is_(None))
     return query
+
+
+def parts_of(runs: list[CurrentVersion], version: CurrentVersion) -> list[CurrentVersion]:
+    """Of a stream's committed `runs` (oldest first), those whose directories make `version`:
+    the base it names, then every run with a directory after it up to `version` itself."""
+    if version.path is None or version.base_version is None:
+        return []
+    base = version.base_version
+    return [r for r in runs if r.path is not None and base <= r.version <= version.version]
 
 
 def _newest(query: Select[Any]) -> Select[Any]:

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from jobs.capture.capture_pass import writer_leases
 from jobs.curated_zone import changes_dir, current_root
-from jobs.lake import SweepResult, relative, sweep_orphans
+from jobs.lake import SweepResult, sweep, sweep_orphans
 from jobs.raw_zone import RAW
 from state import Lease, StateStore, TransformState
 from state.leases import CAPTURE_LEASE_TTL, TRANSFORM_LEASE_TTL
+from state.transform_runs import parts_of
 from tidemark.errors import LeaseHeld, StateStoreError
 
 
@@ -73,8 +73,7 @@ def collect_garbage(
 def needed_directories(store: StateStore, stream: str, min_age_seconds: float) -> set[str]:
     """The curated directories (lake-relative) readers may still need: every directory of each
     kept version and of versions pruned less than `min_age_seconds` ago, and the change log's."""
-    tstate = TransformState(store)
-    runs = tstate.runs(stream)
+    runs = TransformState(store).runs(stream)
     now = datetime.now(UTC)
     needed = {r.changes_path for r in runs if r.changes_path}
     for run in runs:
@@ -82,7 +81,7 @@ def needed_directories(store: StateStore, stream: str, min_age_seconds: float) -
             continue
         recent = run.pruned_at is None or (now - run.pruned_at).total_seconds() < min_age_seconds
         if recent:
-            needed.update(p.path for p in tstate.version_parts(stream, run.version) if p.path)
+            needed.update(p.path for p in parts_of(runs, run) if p.path)
     return needed
 
 
@@ -92,21 +91,15 @@ def sweep_curated(
     """Remove the stream's curated directories that `needed_directories` does not list (the
     caller holds the transform lease)."""
     needed = needed_directories(store, stream, min_age_seconds)
-    removed, young = [], []
-    now = time.time()
-    for root in (current_root(lake_root, stream), changes_dir(lake_root, stream)):
-        if not root.exists():
-            continue
-        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
-            rel = relative(lake_root, directory)
-            if rel in needed:
-                continue
-            if now - directory.stat().st_mtime < min_age_seconds:
-                young.append(rel)
-                continue
-            shutil.rmtree(directory, ignore_errors=True)
-            removed.append(rel)
-    return SweepResult(removed, young)
+    roots = [current_root(lake_root, stream), changes_dir(lake_root, stream)]
+    directories = [d for r in roots if r.exists() for d in sorted(r.iterdir()) if d.is_dir()]
+    return sweep(
+        lake_root,
+        directories,
+        needed,
+        min_age_seconds,
+        lambda directory: shutil.rmtree(directory, ignore_errors=True),
+    )
 
 
 def _release(store: StateStore, leases: list[Lease]) -> None:
