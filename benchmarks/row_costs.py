@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import random
 import tempfile
@@ -197,7 +198,10 @@ _SCHEMA: dict[str, Any] = {}
 
 
 def _infer(spark: Any, doc_columns: Any, state: Any, work: Path) -> None:
-    _SCHEMA["schema"] = doc_columns.infer_schema(spark, state.select("_tm_json"), work / "scratch")
+    # A checkout from before the file-free inference takes a scratch directory.
+    takes_scratch = "scratch" in inspect.signature(doc_columns.infer_schema).parameters
+    scratch = (work / "scratch",) if takes_scratch else ()
+    _SCHEMA["schema"] = doc_columns.infer_schema(spark, state.select("_tm_json"), *scratch)
 
 
 def _expand(doc_columns: Any, state: Any) -> None:

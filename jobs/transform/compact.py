@@ -17,12 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from jobs.curated_zone import current_root, version_dir_name
 from jobs.lake import relative
 from jobs.transform.doc_columns import schema_from_json
-from jobs.transform.merge import merge, read_parts
+from jobs.transform.merge import merge, read_parts, row_counts
 from state import CurrentVersion, StateStore, TransformState, new_batch_id
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
@@ -100,11 +99,7 @@ def compact(
         rows = merge(read_parts(spark, lake_root, parts, schema))
         target = current_root(lake_root, stream.name) / version_dir_name(number, run_id)
         rows.write.parquet(str(target))
-        written, live = (
-            spark.read.parquet(str(target))
-            .agg(F.count(F.lit(1)), F.count(F.when(~F.col("_tm_deleted"), 1)))
-            .first()
-        ) or (0, 0)
+        written, live = row_counts(spark.read.parquet(str(target)))
         record = CurrentVersion(
             stream=stream.name,
             version=number,

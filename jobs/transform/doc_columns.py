@@ -14,7 +14,6 @@ document in one pass over the raw BSON; `document_json_udf` the canonical ones a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import bsonjs
 import pyarrow as pa
@@ -88,24 +87,18 @@ def with_json(state: DataFrame) -> DataFrame:
     return have.unionByName(need)
 
 
-def infer_schema(
-    spark: SparkSession, json_rows: DataFrame, scratch: Path | None = None
-) -> StructType:
+def infer_schema(spark: SparkSession, json_rows: DataFrame) -> StructType:
     """Spark's JSON schema inference over a one-column DataFrame of JSON texts.
 
     One pass where the data is (`spark.read.json` of a DataFrame, Spark 4.2+, Connect too): no
     file written, listed or removed, so nothing runs against the lake on the client. The
-    schema is what reading those texts as a JSON file infers. `scratch` is not used (the
-    text-file route it served is gone); callers can stop passing it.
+    schema is what reading those texts as a JSON file infers (with `INFER_OPTIONS`).
 
     Not `schema_of_variant_agg(try_parse_json(...))`: slower here (a variant is built per
     row), and its types are not JSON inference's (fractions as DECIMAL, VOID, empty structs
     and empty names kept, NaN and Infinity unparsed), so each would need mapping back.
     """
-    del scratch
-    # A field null in every new row says nothing of its type (Spark would call it a string
-    # and widen an existing number); rows whose field is left out are read from their JSON.
-    inferred = spark.read.options(**JSON_OPTIONS, dropFieldIfAllNull="true").json(json_rows).schema
+    inferred = spark.read.options(**INFER_OPTIONS).json(json_rows).schema
     return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
 
 

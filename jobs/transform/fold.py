@@ -58,6 +58,10 @@ STATE_COLUMNS = [
     "_tm_json",  # null on rows this fold set: the caller derives it from _tm_document
     "_tm_deleted",  # tombstones and barriers: never shown to readers
 ]
+STATE_DDL = (
+    "_tm_db string, _tm_coll string, _tm_key string, _tm_document string, "
+    "_tm_event_id string, _tm_cluster_time timestamp, _tm_json string, _tm_deleted boolean"
+)
 
 # Values decoded only to be encoded again: sub-documents stay raw, dates of any range survive.
 _KEY_CODEC = CodecOptions(
@@ -162,9 +166,7 @@ def apply_segment(state: DataFrame, events: DataFrame) -> DataFrame:
 
 def _barrier_row(spark: Any, db: str | None, coll: str | None, event: Any) -> DataFrame:
     return spark.createDataFrame(
-        [(db, coll, None, None, event.event_id, event.cluster_time, None, True)],
-        "_tm_db string, _tm_coll string, _tm_key string, _tm_document string, "
-        "_tm_event_id string, _tm_cluster_time timestamp, _tm_json string, _tm_deleted boolean",
+        [(db, coll, None, None, event.event_id, event.cluster_time, None, True)], STATE_DDL
     )
 
 

@@ -108,6 +108,15 @@ def merge(frames: Sequence[DataFrame]) -> DataFrame:
     return keyed.unionByName(barriers).drop(_ORDER)
 
 
+def row_counts(frame: DataFrame) -> tuple[int, int]:
+    """A directory's rows, all of them and the live ones (one aggregate)."""
+    written, live = frame.agg(F.count(F.lit(1)), F.count(F.when(~F.col(DELETED), 1))).first() or (
+        0,
+        0,
+    )
+    return written, live
+
+
 def live(frame: DataFrame) -> DataFrame:
     """The rows readers see: documents, without tombstones and barriers."""
     if DELETED not in frame.columns:

@@ -39,14 +39,15 @@ from jobs.transform.fold import (
     KEY,
     NAMESPACE_OPERATIONS,
     STATE_COLUMNS,
+    STATE_DDL,
     Watched,
     barriers_of,
     fold,
     keyed_events,
     not_cleared,
 )
-from jobs.transform.merge import merge, read_parts
-from state import BatchRecord, CurrentVersion, TransformState
+from jobs.transform.merge import merge, read_parts, row_counts
+from state import BatchRecord, CurrentVersion, TransformState, VersionKind
 from tidemark.config import StreamConfig
 
 
@@ -85,7 +86,7 @@ def write_base(
     previous = plan.previous
     if previous is None:
         old_schema = StructType([])
-        state = spark.createDataFrame([], _state_schema())
+        state = spark.createDataFrame([], STATE_DDL)
     else:
         old_schema = schema_from_json(previous.doc_schema)
         state = merge(_previous_rows(spark, tstate, lake_root, previous))
@@ -95,10 +96,10 @@ def write_base(
     new_rows = folded.join(
         plan.events.select(F.col("event_id").alias("_tm_event_id")), "_tm_event_id", "left_semi"
     )
-    merged = merge_schemas(old_schema, _inferred(spark, lake_root, plan, new_rows))
+    merged = merge_schemas(old_schema, _inferred(spark, new_rows))
     target = _directory(lake_root, plan)
     expand(folded, merged).write.parquet(str(target))
-    written, live = _counts(spark.read.parquet(str(target)))
+    written, live = row_counts(spark.read.parquet(str(target)))
     return _record(plan, target, lake_root, "base", plan.number, written, live, merged), (
         schema_changes(old_schema, merged)
     )
@@ -128,7 +129,7 @@ def write_delta(
         .localCheckpoint()
     )
     old_schema = schema_from_json(previous.doc_schema)
-    merged = merge_schemas(old_schema, _inferred(spark, lake_root, plan, newer))
+    merged = merge_schemas(old_schema, _inferred(spark, newer))
     written, gained, lost = newer.agg(
         F.count(F.lit(1)),
         F.count(F.when(~F.col("_tm_deleted") & ~F.col("_was_live"), 1)),
@@ -159,27 +160,17 @@ def _held(frames: list[DataFrame], keys: DataFrame) -> DataFrame:
     )
 
 
-def _inferred(
-    spark: SparkSession, lake_root: Path, plan: VersionPlan, rows: DataFrame
-) -> StructType:
+def _inferred(spark: SparkSession, rows: DataFrame) -> StructType:
     """The schema Spark infers from the documents of `rows` (tombstones have none)."""
-    scratch = current_root(lake_root, plan.stream.name) / f"_infer-{plan.run_id}"
     documents = rows.where(F.col("_tm_event_id").isNotNull() & ~F.col("_tm_deleted"))
-    return infer_schema(spark, documents.select("_tm_json"), scratch)
-
-
-def _counts(frame: DataFrame) -> tuple[int, int]:
-    written, live = frame.agg(
-        F.count(F.lit(1)), F.count(F.when(~F.col("_tm_deleted"), 1))
-    ).first() or (0, 0)
-    return written, live
+    return infer_schema(spark, documents.select("_tm_json"))
 
 
 def _record(
     plan: VersionPlan,
     target: Path,
     lake_root: Path,
-    kind: str,
+    kind: VersionKind,
     base_version: int,
     written: int,
     live: int,
@@ -189,7 +180,7 @@ def _record(
         stream=plan.stream.name,
         version=plan.number,
         path=relative(lake_root, target),
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
         base_version=base_version,
         written_rows=written,
         rows=live,
@@ -197,11 +188,4 @@ def _record(
         events_folded=0,  # the caller knows what it folded
         changes_added=0,
         created_at=datetime.now(UTC),
-    )
-
-
-def _state_schema() -> str:
-    return (
-        "_tm_db string, _tm_coll string, _tm_key string, _tm_document string, "
-        "_tm_event_id string, _tm_cluster_time timestamp, _tm_json string, _tm_deleted boolean"
     )
