@@ -514,13 +514,14 @@ class Torture:
             return "resnapshot_child", name, lambda: self._child("resnapshot", stream, kill)
         if roll < 0.80:
             return "gc", "*", lambda: self._inproc(self._gc)
-        if roll < 0.84 and rng.random() < 0.3:
-            # A compaction, killed mid-way as often as a transform is.
+        if roll < 0.86 and rng.random() < 0.5:
+            # A compaction (as often as a transform: a base after deltas is where merge-on-read
+            # can go wrong), killed mid-way as often as a transform is.
             if self.cfg.transform_in_child:
                 kill = rng.uniform(3.0, 20.0) if rng.random() < self.cfg.kill_fraction else None
                 return "transform_compact_child", name, lambda: self._child("compact", stream, kill)
             return "transform_compact", name, lambda: self._inproc(lambda: self._compact(stream))
-        if roll < 0.84:
+        if roll < 0.86:
             if self.cfg.transform_in_child:
                 kill = rng.uniform(3.0, 20.0) if rng.random() < self.cfg.kill_fraction else None
                 return "transform_child", name, lambda: self._child("transform", stream, kill)
