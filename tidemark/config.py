@@ -98,6 +98,10 @@ class StreamConfig(BaseModel):
     full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "updateLookup"
     full_document_before_change: Literal["off", "whenAvailable", "required"] = "off"
     show_expanded_events: bool = False
+    # Events over 16 MB (a large document with pre- and post-images): split by the server
+    # ($changeStreamSplitLargeEvent, MongoDB 6.0.9+ / 7.0+) and joined again into one event;
+    # on a server without the stage such an event stops the stream with a clear error.
+    split_large_events: bool = True
     batch_size: Annotated[int, Field(gt=0, le=100_000)] = 1000
     max_await_time_ms: Annotated[int, Field(gt=0, le=60_000)] = 1000
     budget: Budget = Field(default_factory=Budget)
