@@ -100,3 +100,152 @@ def test_a_budget_stops_between_whole_events_and_never_stores_a_fragments_token(
     assert seen == [RawBSONDocument(raw)["_id"]["_data"] for raw in expected]
     assert seen[1::2] == last
     assert committed_table(sqlite_store, lake, stream.name)["raw"].to_pylist() == expected
+
+
+def _split_update(client, db_name, raw_client, sqlite_store, lake, stream):
+    """A committed position, then one 18 MB update (two fragments) after it."""
+    orders = _images_collection(client, db_name)
+    orders.insert_one({"_id": 1, "a": "x" * (9 * MB), "n": 0})
+    drain(stream, raw_client, sqlite_store, lake)
+    start = sqlite_store.checkpoint(stream.name).token
+    orders.update_one({"_id": 1}, {"$set": {"n": 1}})
+    return start
+
+
+def _reader(raw_client, stream, start_token, batch_size=1):
+    return ChangeStreamReader(
+        raw_client,
+        stream.database,
+        stream.collection,
+        {
+            "resumeAfter": start_token,
+            "fullDocument": "required",
+            "fullDocumentBeforeChange": "required",
+        },
+        [],
+        batch_size=batch_size,
+        max_await_time_ms=300,
+        split_large_events=True,
+    )
+
+
+def test_the_readers_resume_in_the_middle_of_an_event_completes_it(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(**IMAGES)
+    start = _split_update(client, db_name, raw_client, sqlite_store, lake, stream)
+    _, expected = _reference(raw_client, db_name, start)
+    # The aggregate's reply holds the first fragment (batchSize 1); the first getMore then
+    # loses its connection, so the reader resumes from that fragment's token.
+    client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 1},
+        data={"failCommands": ["getMore"], "closeConnection": True},
+    )
+    seen: list = []
+
+    def recorded(replies):
+        for reply in replies:
+            seen.append([fragment_of(reply.events.raw(i)) for i in range(len(reply.events))])
+            yield reply
+
+    try:
+        with _reader(raw_client, stream, token_from_json(start)) as reader:
+            events = []
+            for reply in whole_events(recorded(reader.replies()), reader.initial_token):
+                events += reply.events.raws()
+                if reply.caught_up:
+                    break
+            resumes = reader.resumes
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert resumes == 1
+    assert [f.number for f in seen[0] if f] == [1]  # the resume came between the fragments
+    assert events == expected
+
+
+def test_a_stream_opened_at_a_fragments_token_fails_rather_than_commit_half_an_event(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    from sqlalchemy import update
+
+    from state import schema
+
+    stream = make_stream(**IMAGES)
+    start = _split_update(client, db_name, raw_client, sqlite_store, lake, stream)
+    fragments, _ = _reference(raw_client, db_name, start)
+    inner, _ = fragment_tokens(fragments)
+    # The server goes on with the next fragment: the event's first part is missing.
+    with (
+        _reader(raw_client, stream, {"_data": inner[0]}) as reader,
+        pytest.raises(FragmentOutOfOrder, match="fragment 2 of 2"),
+    ):
+        for reply in whole_events(reader.replies(), reader.initial_token):
+            assert not reply.caught_up, "the half event was passed on"
+    # A checkpoint holding one (Tidemark never stores one) fails the drain, commits nothing.
+    with sqlite_store.engine.begin() as conn:
+        conn.execute(update(schema.checkpoints).values(token=f'{{"_data": "{inner[0]}"}}'))
+    kept = sqlite_store.checkpoint(stream.name)
+    with pytest.raises(FragmentOutOfOrder):
+        drain(stream, raw_client, sqlite_store, lake)
+    assert sqlite_store.checkpoint(stream.name) == kept
+    assert len(sqlite_store.batches(stream.name)) == 0
+
+
+def _get_more_waiting(client) -> bool:
+    ops = client.admin.aggregate(
+        [{"$currentOp": {"allUsers": True}}, {"$match": {"command.getMore": {"$exists": True}}}]
+    )
+    return any(True for _ in ops)
+
+
+def _exactly_once_after(stream, raw_client, sqlite_store, lake, expected) -> None:
+    result = drain(stream, raw_client, sqlite_store, lake)
+    assert result.events == len(expected)
+    assert committed_table(sqlite_store, lake, stream.name)["raw"].to_pylist() == expected
+    assert drain(stream, raw_client, sqlite_store, lake).events == 0
+
+
+def test_a_drain_killed_between_fragments_leaves_the_event_to_the_next_run_once(
+    mongod, client, raw_client, sqlite_store, state_url_sqlite, lake, make_stream, db_name, tmp_path
+):
+    stream = make_stream(**IMAGES, batch_size=1)
+    start = _split_update(client, db_name, raw_client, sqlite_store, lake, stream)
+    _, expected = _reference(raw_client, db_name, start)
+    # The child's aggregate returns the first fragment (batchSize 1); its getMore for the
+    # second waits on the server (5 s) while the child is killed.
+    client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 1},
+        data={"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 5_000},
+    )
+    try:
+        child = start_drain_child(mongod, state_url_sqlite, lake, stream, tmp_path / "ready")
+        deadline = time.monotonic() + 60
+        while not _get_more_waiting(client):
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=30)
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert sqlite_store.checkpoint(stream.name).token == start
+    _exactly_once_after(stream, raw_client, sqlite_store, lake, expected)
+
+
+def test_a_drain_killed_after_the_last_fragment_before_its_commit_commits_nothing(
+    mongod, client, raw_client, sqlite_store, state_url_sqlite, lake, make_stream, db_name, tmp_path
+):
+    stream = make_stream(**IMAGES, batch_size=1)
+    start = _split_update(client, db_name, raw_client, sqlite_store, lake, stream)
+    _, expected = _reference(raw_client, db_name, start)
+    ready = tmp_path / "ready"
+    child = start_drain_child(mongod, state_url_sqlite, lake, stream, ready)
+    written = wait_until_ready(ready, child)  # the whole event is written, not committed
+    assert written
+    child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=30)
+    assert sqlite_store.checkpoint(stream.name).token == start
+    _exactly_once_after(stream, raw_client, sqlite_store, lake, expected)

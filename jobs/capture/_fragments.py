@@ -140,8 +140,9 @@ class Reassembler:
         got = f"fragment {fragment.number} of {fragment.of}" if fragment else "a whole event"
         raise FragmentOutOfOrder(
             f"The change stream sent {got} after {len(self.pending)} fragment(s) of a split "
-            "event: it was opened at a fragment's resume token, so the event's first "
-            "fragments are missing; Tidemark never stores such a token. Nothing was committed.",
+            "event, so a part of the event is missing (a stream opened at a fragment's resume "
+            "token starts with its next fragment; Tidemark never stores such a token). "
+            "Nothing was committed.",
             "Reset the stream to a time before the event (`tidemark reset STREAM --to-time T`).",
         )
 
