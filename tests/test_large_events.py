@@ -14,8 +14,10 @@ from bson.raw_bson import RawBSONDocument
 from jobs.capture import drain
 from jobs.capture._fragments import FragmentOutOfOrder, fragment_of, whole_events
 from jobs.capture.reader import ChangeStreamReader
+from jobs.transform import read_changes, read_current, transform
 from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
+from tests.helpers.oracle import current_state, source_state
 from tests.helpers.split_events import fragment_tokens, rebuild, watched_fragments
 from tidemark.tokens import token_from_json
 
@@ -42,25 +44,52 @@ def _reference(raw_client, db_name, token_json):
     return fragments, rebuild(fragments)
 
 
+def _current_equals_find(spark, store, lake, stream, raw_client, db_name) -> None:
+    transform(spark, store, lake, stream)
+    current = current_state(read_current(spark, store, lake, stream.name))
+    assert current == source_state(raw_client, db_name, "orders")
+
+
 def test_a_12_mb_document_with_images_arrives_once_and_whole(
-    client, raw_client, sqlite_store, lake, make_stream, db_name
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     orders = _images_collection(client, db_name)
     stream = make_stream(**IMAGES)
     drain(stream, raw_client, sqlite_store, lake)
     start = sqlite_store.checkpoint(stream.name).token
-    big = "x" * (12 * MB)
-    orders.insert_one({"_id": 1, "a": big, "n": 1})
+    orders.insert_one({"_id": 1, "a": "x" * (12 * MB), "n": 1})
     orders.update_one({"_id": 1}, {"$set": {"n": 2}})  # pre- and post-image: 24 MB
     orders.replace_one({"_id": 1}, {"a": "y" * (12 * MB), "n": 3})
+    assert drain(stream, raw_client, sqlite_store, lake).events == 3
+    _current_equals_find(spark, sqlite_store, lake, stream, raw_client, db_name)
     orders.delete_one({"_id": 1})
     result = drain(stream, raw_client, sqlite_store, lake)
+    assert result.events == 1 and result.stop_reason == "caught_up"
+    _current_equals_find(spark, sqlite_store, lake, stream, raw_client, db_name)
     fragments, expected = _reference(raw_client, db_name, start)
     assert sum("splitEvent" in f for f in fragments) >= 4  # update and replace came split
-    assert result.events == 4 and result.stop_reason == "caught_up"
     table = committed_table(sqlite_store, lake, stream.name)
     assert table["operation_type"].to_pylist() == ["insert", "update", "replace", "delete"]
     assert table["raw"].to_pylist() == expected  # byte for byte
+    changes = read_changes(spark, sqlite_store, lake, stream.name).select("event_id").collect()
+    assert sorted(r.event_id for r in changes) == sorted(table["event_id"].to_pylist())
+
+
+def test_a_40_mb_event_goes_through_the_raw_zone_and_the_transform(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    orders = _images_collection(client, db_name)
+    stream = make_stream(**IMAGES)
+    orders.insert_one({"_id": 1, "a": "x" * (13 * MB + MB // 2)})
+    drain(stream, raw_client, sqlite_store, lake)
+    # The update description, the pre- and the post-image: 13.5 MB each.
+    orders.update_one({"_id": 1}, {"$set": {"a": "y" * (13 * MB + MB // 2)}})
+    assert drain(stream, raw_client, sqlite_store, lake).events == 1
+    (raw,) = committed_table(sqlite_store, lake, stream.name)["raw"].to_pylist()
+    assert len(raw) > 40 * MB
+    _current_equals_find(spark, sqlite_store, lake, stream, raw_client, db_name)
+    (change,) = read_changes(spark, sqlite_store, lake, stream.name).collect()
+    assert len(change.full_document) > 13 * MB and len(change.full_document_before_change) > 13 * MB
 
 
 def _token_data(store, stream) -> str:
