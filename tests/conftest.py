@@ -16,7 +16,6 @@ from sqlalchemy import create_engine, text
 
 from resources.embedded_mongo import (
     DEFAULT_VERSION,
-    SPLIT_VERSION,
     Mongod,
     start_mongod,
     stop_mongod,
@@ -87,8 +86,6 @@ def mongod(
         pytest.skip(f"mongod {version} cannot run here ({exc}); `make install` fetches it")
     yield server
     stop_mongod(server)
-
-
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
-
 from pymongo import MongoClient
 
 from jobs.capture._bson import RawDocuments, elements, int32_at
