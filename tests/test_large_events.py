@@ -13,12 +13,15 @@ from bson.raw_bson import RawBSONDocument
 
 from jobs.capture import drain
 from jobs.capture._fragments import FragmentOutOfOrder, fragment_of, whole_events
+from jobs.capture.capture_pass import PassBounds, capture_pass
 from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.writer import RawBatchWriter
 from jobs.transform import read_changes, read_current, transform
 from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state
 from tests.helpers.split_events import fragment_tokens, rebuild, watched_fragments
+from tidemark.errors import TidemarkError
 from tidemark.tokens import token_from_json
 
 pytestmark = pytest.mark.servers("6.0.27")
@@ -278,3 +281,25 @@ def test_a_drain_killed_after_the_last_fragment_before_its_commit_commits_nothin
     child.communicate(timeout=30)
     assert sqlite_store.checkpoint(stream.name).token == start
     _exactly_once_after(stream, raw_client, sqlite_store, lake, expected)
+
+
+def test_a_split_events_token_needs_the_split_stage_to_resume(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    stream = make_stream(**IMAGES)
+    _split_update(client, db_name, raw_client, sqlite_store, lake, stream)
+    assert drain(stream, raw_client, sqlite_store, lake).events == 1  # ends on the split event
+    # Turning the option off changes the stream's definition: the fingerprint guard refuses.
+    assert make_stream(**IMAGES, split_large_events=False).fingerprint() != stream.fingerprint()
+    assert make_stream(**IMAGES).fingerprint() == stream.fingerprint()
+    # The server's own refusal, for a run that went past the guard, names the fix.
+    with pytest.raises(TidemarkError, match="split_large_events: true"):
+        capture_pass(
+            stream.model_copy(update={"split_large_events": False}),
+            raw_client,
+            RawBatchWriter(lake, stream.name, "b"),
+            {"resumeAfter": token_from_json(sqlite_store.checkpoint(stream.name).token)},
+            PassBounds(lambda ts: False, stream.budget),
+            lambda: None,
+            position_time=None,
+        )

@@ -53,6 +53,14 @@ class ResumedFromInvalidate(TidemarkError):
 def translate(
     exc: OperationFailure, stream: str, client: MongoClient, position_time: Timestamp | None
 ) -> TidemarkError:
+    if exc.code == FATAL and "split event" in server_message(exc):
+        return TidemarkError(
+            f"Stream {stream!r} stands after an event the server split (over 16 MB), and "
+            f"resuming there needs $changeStreamSplitLargeEvent, which this run did not send "
+            f"({server_message(exc)}). Nothing was committed.",
+            "Set split_large_events: true for the stream again (and keep a server of 6.0.9 / "
+            f"7.0 or later), or `tidemark reset {stream} --to-time T`.",
+        )
     if exc.code in (HISTORY_LOST, FATAL):
         window = oplog_window(client)
         first = (
