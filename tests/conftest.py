@@ -14,14 +14,22 @@ import pytest
 from pymongo import MongoClient
 from sqlalchemy import create_engine, text
 
-from resources.embedded_mongo import Mongod, start_mongod, stop_mongod
+from resources.embedded_mongo import (
+    DEFAULT_VERSION,
+    Mongod,
+    start_mongod,
+    stop_mongod,
+)
 from resources.mongo import connect
 from state import StateStore
 from state.engine import normalize_url
 from tests.helpers.credentials import SECRET
 from tidemark.config import StreamConfig
+from tidemark.errors import EmbeddedMongoError
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
+# CI sets it: a second server that cannot run fails instead of skipping.
+MATRIX_ENV = "TIDEMARK_REQUIRE_MONGOD_MATRIX"
 
 # The suite chooses its Spark itself (a local session; tests/test_spark_server.py a Connect
 # server of its own): a TIDEMARK_SPARK_REMOTE in the developer's shell would switch every
@@ -47,13 +55,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The server-version matrix: a test (or module) marked `servers("6.0.5", "6.0.27")` runs
+    once per server, with `mongod` (and so `client`, `raw_client`) being that server. The
+    default server's parameter is None, the key unmarked tests use too, so they share one
+    session mongod; pytest groups the tests of the other server together."""
+    marker = metafunc.definition.get_closest_marker("servers")
+    if marker is None or "mongod" not in metafunc.fixturenames:
+        return
+    versions = list(marker.args)
+    params = [None if version == DEFAULT_VERSION else version for version in versions]
+    metafunc.parametrize("mongod", params, ids=versions, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def mongod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongod]:
-    # Test commands enable the failCommand fail point, for real server-side faults.
-    server = start_mongod(
-        tmp_path_factory.mktemp("mongod") / "data",
-        extra_args=("--setParameter", "enableTestCommands=1"),
-    )
+def mongod(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Mongod]:
+    version = getattr(request, "param", None) or DEFAULT_VERSION
+    try:
+        # Test commands enable the failCommand fail point, for real server-side faults.
+        server = start_mongod(
+            tmp_path_factory.mktemp(f"mongod-{version}") / "data",
+            extra_args=("--setParameter", "enableTestCommands=1"),
+            version=version,
+        )
+    except EmbeddedMongoError as exc:
+        if version == DEFAULT_VERSION or os.environ.get(MATRIX_ENV) == "1":
+            raise
+        pytest.skip(f"mongod {version} cannot run here ({exc}); `make install` fetches it")
     yield server
     stop_mongod(server)
 

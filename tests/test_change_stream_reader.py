@@ -13,6 +13,9 @@ from pymongo.errors import OperationFailure
 from jobs.capture.reader import ChangeStreamReader
 from tests.helpers.lake_reading import direct_events
 
+# The server-version matrix: the embedded 6.0.5 and 6.0.27, which splits large events.
+pytestmark = pytest.mark.servers("6.0.5", "6.0.27")
+
 
 @pytest.fixture
 def reader_client(mongod) -> Iterator[MongoClient]:

@@ -22,6 +22,9 @@ from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.cli.workload import run_workload
 from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json
 
+# The server-version matrix: the embedded 6.0.5 and 6.0.27, which splits large events.
+pytestmark = pytest.mark.servers("6.0.5", "6.0.27")
+
 
 def _prime(stream, raw_client, store, lake):
     """A first run on a new stream starts 'now' and commits the starting token."""

@@ -32,6 +32,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
 from jobs.capture._bson import RawDocuments
+from jobs.capture._fragments import server_splits, whole_events
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
@@ -122,6 +123,7 @@ def open_reader(
         max_await_time_ms=stream.max_await_time_ms,
         is_past_end=bounds.is_past_end,
         until_end=bounds.until_end,
+        split_large_events=stream.split_large_events and server_splits(client),
     )
 
 
@@ -174,7 +176,8 @@ def capture(
         got = Capture()
     got.token = reader.initial_token
     got.stop, got.invalidated = None, False
-    for reply in reader.replies():
+    # Whole events only: a budget or the end can cut between events, never inside one.
+    for reply in whole_events(reader.replies(), got.token):
         events = reply.events
         now = time.monotonic()
         if now - renewed > CAPTURE_LEASE_TTL.total_seconds() / 3:

@@ -35,6 +35,8 @@ from jobs.capture.resume import ResumeState
 from resources.mongo import RAW_CODEC
 from tidemark.tokens import covered_until, next_tick, token_cluster_time
 
+# Splits events over 16 MB into fragments (MongoDB 6.0.9+, 7.0+); it must come last.
+SPLIT_STAGE = {"$changeStreamSplitLargeEvent": {}}
 # How long a getMore waits when all it can still find is events at the end's very time.
 CONFIRM_AWAIT_MS = 50
 
@@ -107,6 +109,7 @@ class ChangeStreamReader:
         prefetch: int = 2,
         is_past_end: Callable[[Timestamp], bool] | None = None,
         until_end: bool = False,
+        split_large_events: bool = False,
     ) -> None:
         self.client = client
         self.database = database or "admin"
@@ -114,7 +117,9 @@ class ChangeStreamReader:
         self.options = dict(change_stream_options)
         if database is None:
             self.options["allChangesForCluster"] = True
-        self.pipeline = pipeline
+        # Events over 16 MB come as fragments (`jobs.capture._fragments` joins them): the
+        # stage must be the pipeline's last.
+        self.pipeline = [*pipeline, SPLIT_STAGE] if split_large_events else pipeline
         self.batch_size = batch_size  # the server's batchSize: events per reply at most
         self.max_await_time_ms = max_await_time_ms
         self.is_past_end = is_past_end

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from bson import Timestamp
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
+from jobs.capture._fragments import server_splits
 from resources.mongo import oplog_window
 from tidemark.errors import HistoryLost, MongoConnectionError, ReplicaSetRequired, TidemarkError
 from tidemark.tokens import ts_to_datetime
@@ -31,6 +32,20 @@ def _fmt(ts: Timestamp | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "an unknown time"
 
 
+def _splits(client: MongoClient) -> bool:
+    try:
+        return server_splits(client)
+    except PyMongoError:
+        return False
+
+
+def _server_version(client: MongoClient) -> str:
+    try:
+        return str(client.server_info()["version"])
+    except PyMongoError:
+        return "unknown version"
+
+
 class ResumedFromInvalidate(TidemarkError):
     """resumeAfter was given an invalidate's token: the caller may open with startAfter."""
 
@@ -38,6 +53,14 @@ class ResumedFromInvalidate(TidemarkError):
 def translate(
     exc: OperationFailure, stream: str, client: MongoClient, position_time: Timestamp | None
 ) -> TidemarkError:
+    if exc.code == FATAL and "split event" in server_message(exc):
+        return TidemarkError(
+            f"Stream {stream!r} stands after an event the server split (over 16 MB), and "
+            f"resuming there needs $changeStreamSplitLargeEvent, which this run did not send "
+            f"({server_message(exc)}). Nothing was committed.",
+            "Set split_large_events: true for the stream again (and keep a server of 6.0.9 / "
+            f"7.0 or later), or `tidemark reset {stream} --to-time T`.",
+        )
     if exc.code in (HISTORY_LOST, FATAL):
         window = oplog_window(client)
         first = (
@@ -67,15 +90,22 @@ def translate(
             "--to-time T` with the time to restart from.",
         )
     if exc.code in TOO_LARGE or "BSONObjectTooLarge" in str(exc):
+        version = _server_version(client)
+        splits = (
+            "could split it, but the stream's split_large_events is false"
+            if _splits(client)
+            else "cannot split such events"
+        )
         return TidemarkError(
             f"A change event of stream {stream!r} is larger than MongoDB's 16 MB limit (a large "
             "document with its post-image and pre-image together), so the server cannot deliver "
             "it; the stream stops before it and nothing was committed.",
-            "Remedies: drop full_document_before_change (or full_document) for this stream, or "
-            "leave the large fields out with a $project stage (both change the definition: "
-            f"`tidemark reset {stream} --to-time T` afterwards); MongoDB 6.0.9 / 7.0 and later "
-            "can split large events ($changeStreamSplitLargeEvent), which this Tidemark does "
-            "not use yet.",
+            f"This server (MongoDB {version}) {splits}: MongoDB 6.0.9 / 7.0 and later have "
+            "$changeStreamSplitLargeEvent, and Tidemark splits and rejoins events there "
+            "(split_large_events, on by default). Otherwise: drop "
+            "full_document_before_change (or full_document) for this stream, or leave the large "
+            "fields out with a $project stage (both change the definition: "
+            f"`tidemark reset {stream} --to-time T` afterwards).",
         )
     if exc.code in NOT_A_REPLICA_SET:
         return ReplicaSetRequired(

@@ -127,7 +127,7 @@ def drop_and_recreate(client: MongoClient, db: str, coll: str, rng: random.Rando
 
 
 def canonical(raw: bytes) -> str:
-    return bsonjs.dumps(raw, mode=bsonjs.CANONICAL)
+    return bsonjs.dumps(bytes(raw), mode=bsonjs.CANONICAL)  # large raw documents are memoryviews
 
 
 def source_state(raw_client: MongoClient, db: str, coll: str) -> dict[str, str]:
