@@ -6,7 +6,9 @@ from collections.abc import Iterator
 import dagster as dg
 
 from jobs.capture import drain, replay
+from jobs.catalog import tables
 from jobs.ops import stream_status
+from jobs.raw_zone import stream_root
 from jobs.transform import transform
 from orchestration.metadata import drain_metadata, explained, transform_metadata
 from orchestration.resources import (
@@ -68,7 +70,8 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
                 stream, mongo.raw_client(), state.store(), lake.path, resnapshot=config.resnapshot
             )
             status = stream_status(stream, mongo.raw_client(), state.store())
-        return dg.MaterializeResult(metadata=drain_metadata(result, status))
+        location = stream_root(lake.path, stream.name)
+        return dg.MaterializeResult(metadata=drain_metadata(result, status, location))
 
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
@@ -106,7 +109,8 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
         with explained():
             # The session's factory, not a session: a run with no new batches starts no Spark.
             result = transform(spark.session, state.store(), lake.path, stream)
-        metadata = transform_metadata(result)
+            now = tables(state.store(), lake.path, stream.name, with_files=False)
+        metadata = transform_metadata(result, now)
         yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])
         if stream.current_table:
             yield dg.MaterializeResult(asset_key=k["current"], metadata=metadata["current"])
@@ -140,7 +144,7 @@ def _replay_asset(
             result = replay(
                 stream, mongo.raw_client(), state.store(), lake.path, window.start, window.end
             )
-        metadata = drain_metadata(result, None)
+        metadata = drain_metadata(result, None, stream_root(lake.path, stream.name))
         metadata["window_start"] = dg.MetadataValue.timestamp(window.start)
         metadata["window_end"] = dg.MetadataValue.timestamp(window.end)
         return dg.MaterializeResult(metadata=metadata)

@@ -336,3 +336,47 @@ def test_a_resnapshot_job_reports_snapshot_progress(setup, client, db_name):
         if e.asset_key == dg.AssetKey(["orders", "current"])
     )
     assert current.materialization.metadata["rows"].value == 100
+
+
+def _metadata_of(result: dg.ExecuteInProcessResult, name: str) -> dict:
+    (event,) = [
+        e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == name
+    ]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client, db_name):
+    _, defs, resources = setup()
+    sync = defs.resolve_job_def("orders_sync")
+    instance = dg.DagsterInstance.ephemeral()
+    assert sync.execute_in_process(instance=instance).success  # starts the stream
+    client[db_name]["orders"].insert_many(
+        [{"_id": i, "name": f"n{i}", "qty": i, "price": i / 2} for i in range(12)]
+    )
+    run = sync.execute_in_process(instance=instance)
+    assert run.success
+    lake = resources["lake"].path
+
+    current = _metadata_of(run, "current")
+    columns = {c.name: c.type for c in current["dagster/column_schema"].columns}
+    assert {"name": "string", "qty": "bigint", "price": "double"}.items() <= columns.items()
+    assert columns["_tm_document"] == "string" and columns["_tm_cluster_time"] == "timestamp"
+    assert current["dagster/row_count"] == 12 and current["version"] == 1
+    assert current["dagster/uri"] == (lake / "curated" / "orders" / "current").as_uri()
+
+    changes = _metadata_of(run, "changes")
+    change_columns = {c.name for c in changes["dagster/column_schema"].columns}
+    assert {"event_id", "operation_type", "full_document", "date"} <= change_columns
+    assert changes["dagster/row_count"] == 12
+    assert _metadata_of(run, "raw_changes")["dagster/uri"] == (lake / "raw" / "orders").as_uri()
+    # Durations are rounded for the UI, not 676432.7453120095.
+    assert _metadata_of(run, "raw_changes")["oplog_headroom_seconds"] == round(
+        _metadata_of(run, "raw_changes")["oplog_headroom_seconds"], 1
+    )
+
+    quiet = sync.execute_in_process(instance=instance)  # nothing new: the table as it is
+    assert quiet.success
+    again = _metadata_of(quiet, "current")
+    assert again["dagster/row_count"] == 12 and again["version"] == 1
+    assert again["written_as"] == "nothing new" and again["events_folded"] == 0
+    assert _metadata_of(quiet, "changes")["dagster/row_count"] == 12
