@@ -97,3 +97,43 @@ def test_errors_are_one_message_not_a_traceback(env, monkeypatch, capsys):
     monkeypatch.setenv("TIDEMARK_STATE_URL", "nonsense")
     assert main(["status"]) == 2
     assert "is not a database URL" in capsys.readouterr().err
+
+
+def test_transform_then_tables_without_dagster(env, spark, monkeypatch, client, db_name, capsys):
+    monkeypatch.setenv("TIDEMARK_SPARK_MASTER", "local[2]")  # the suite's session, not a server
+    assert main(["tables"]) == 0
+    assert "no table yet" in capsys.readouterr().out
+    assert main(["drain", "orders"]) == 0
+    client[db_name]["orders"].insert_many([{"_id": i, "qty": i, "name": "n"} for i in range(20)])
+    assert main(["drain", "orders"]) == 0
+    capsys.readouterr()
+    assert main(["transform", "orders"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:6] == ["orders", "1", "20", "20", "1", "(base)"]
+
+    def no_spark(config):
+        raise AssertionError("a transform with nothing new asked for Spark")
+
+    monkeypatch.setattr("tidemark.cli.curated.spark_session", no_spark)
+    assert main(["transform", "--all"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("nothing new")
+
+    manifest = Path(env["lake"]) / "curated" / "orders" / "current" / "_tidemark_table.json"
+    manifest.unlink()  # as if the run had died between its commit and the manifest
+    assert main(["tables"]) == 0
+    out = capsys.readouterr().out
+    current = next(line for line in out.splitlines() if line.startswith("orders  current"))
+    assert current.split()[2:4] == ["1", "20"] and str(manifest) in current
+    assert current.endswith("3: _id bigint, name string, qty bigint")
+    assert "orders  changes" in out
+    assert "Rewrote the stale manifest of orders/current (version 1)" in out
+    assert manifest.exists()
+
+    store = StateStore(env["state_url"])
+    lease = store.acquire_lease("transform:orders", timedelta(minutes=5))  # a running transform
+    try:
+        assert main(["transform", "orders"]) == 2
+        assert "lease held" in capsys.readouterr().err
+    finally:
+        store.release_lease(lease)
+        store.close()
