@@ -2,6 +2,7 @@
 
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 
 import dagster as dg
 
@@ -38,6 +39,28 @@ def pool(stream: StreamConfig) -> str:
     return f"tidemark_{stream.name}"
 
 
+def on_new_raw_batches() -> dg.AutomationCondition:
+    """The transform's cadence: requested when a dependency's data version changed since the
+    transform was last requested or ran (raw_changes: a new committed batch; a replay window),
+    or when `current`'s freshness policy warns (a quiet stream then gets a run that starts no
+    Spark and confirms `current` is whole); never while it or a dependency is in progress."""
+    new_batches = dg.AutomationCondition.any_deps_match(
+        dg.AutomationCondition.data_version_changed()
+    ).with_label("a new raw batch")
+    return (
+        (new_batches | dg.AutomationCondition.freshness_warned()).since_last_handled()
+        & ~dg.AutomationCondition.in_progress()
+        & ~dg.AutomationCondition.any_deps_in_progress()
+    ).with_label("on new raw batches")
+
+
+def current_freshness(stream: StreamConfig) -> dg.FreshnessPolicy:
+    """`current` should have been folded within the lag check's error threshold (warn) and
+    twice that (fail): the same budget the `lag` check gives the raw zone."""
+    error = timedelta(seconds=stream.checks.lag_error_seconds)
+    return dg.FreshnessPolicy.time_window(fail_window=2 * error, warn_window=error)
+
+
 def replay_partitions(stream: StreamConfig) -> dg.TimeWindowPartitionsDefinition:
     minutes = stream.replay.cron.split()[0] != "0"
     return dg.TimeWindowPartitionsDefinition(
@@ -71,7 +94,12 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
             )
             status = stream_status(stream, mongo.raw_client(), state.store())
         location = stream_root(lake.path, stream.name)
-        return dg.MaterializeResult(metadata=drain_metadata(result, status, location))
+        return dg.MaterializeResult(
+            metadata=drain_metadata(result, status, location),
+            # The newest committed batch: unchanged by a quiet drain, so the transform's
+            # automation condition (`on_new_raw_batches`) does not fire for it.
+            data_version=dg.DataVersion(status.last_batch.id if status.last_batch else "none"),
+        )
 
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
@@ -86,6 +114,7 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
             kinds={"spark", "parquet"},
             description="The change log: one row per event, typed and flattened, de-duplicated "
             "by event id and partitioned by date.",
+            automation_condition=on_new_raw_batches(),
         )
     ]
     if stream.current_table:
@@ -98,6 +127,7 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
                 description="The current state: one row per live document, a new version per "
                 "run (the newest event per key wins, in event order). A version is a base and "
                 "the deltas after it, merged by readers; compaction rewrites it as one base.",
+                freshness_policy=current_freshness(stream),
             )
         )
 

@@ -91,12 +91,15 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         "b/replay",
     }
     assert jobs - {"__ASSET_JOB"} == {
-        f"{stream}_{job}" for stream in "ab" for job in ("sync", "replay", "resnapshot")
+        f"{stream}_{job}" for stream in "ab" for job in ("drain", "sync", "replay", "resnapshot")
     } | {"a_compact"}  # b has no current table to compact
-    assert [s.name for s in module.defs.sensors or []] == ["a_compaction_sensor"]
+    assert [s.name for s in module.defs.sensors or []] == [
+        "a_compaction_sensor",
+        "tidemark_automation",
+    ]
     for stream in "ab":
         schedule = module.defs.resolve_schedule_def(f"{stream}_schedule")
-        assert schedule.job_name == f"{stream}_sync"
+        assert schedule.job_name == f"{stream}_drain"  # the transform follows by automation
         assert schedule.cron_schedule == "*/5 * * * *"
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     # The code location reads every connection setting from the environment, at run time.
@@ -380,3 +383,36 @@ def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client
     assert again["dagster/row_count"] == 12 and again["version"] == 1
     assert again["written_as"] == "nothing new" and again["events_folded"] == 0
     assert _metadata_of(quiet, "changes")["dagster/row_count"] == 12
+
+
+def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batch(
+    setup, client, db_name
+):
+    _, defs, _ = setup()
+    drain = defs.resolve_job_def("orders_drain")
+    instance = dg.DagsterInstance.ephemeral()
+    transform = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+    cursor = None
+
+    def requested() -> set[dg.AssetKey]:
+        nonlocal cursor
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        cursor = result.cursor
+        return {k for k in transform if result.get_num_requested(k)}
+
+    assert drain.execute_in_process(instance=instance).success  # takes the starting position
+    requested()  # the first evaluation sees raw_changes' first data version
+    assert drain.execute_in_process(instance=instance).success  # quiet: no new batch
+    assert requested() == set()
+    assert drain.execute_in_process(instance=instance).success
+    assert requested() == set()
+
+    client[db_name]["orders"].insert_many([{"_id": i} for i in range(5)])
+    run = drain.execute_in_process(instance=instance)
+    assert run.success
+    assert _materialized(run) == {"orders/raw_changes"}  # the drain's run starts no Spark
+    assert requested() == transform  # one run of the multi-asset: changes and current
+    assert requested() == set()  # requested once, not at every tick
+
+    assert drain.execute_in_process(instance=instance).success  # quiet again
+    assert requested() == set()
