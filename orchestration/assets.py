@@ -168,7 +168,10 @@ def _replay_asset(
     ) -> dg.MaterializeResult:
         """Backfill by operation time: replays the change stream over the partition's window
         [start, end) with startAtOperationTime, into batches marked as replay. The incremental
-        checkpoint never moves; the transform drops events it already has."""
+        checkpoint never moves; the transform drops events it already has. Only windows the
+        oplog still covers can be replayed: raw_changes' `oplog_window_seconds` (and `tidemark
+        status`) says how far back that is; an older window is refused with a message before
+        any work."""
         window = context.partition_time_window
         with explained():
             result = replay(
