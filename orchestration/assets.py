@@ -9,6 +9,7 @@ import dagster as dg
 from jobs.capture import drain, replay
 from jobs.catalog import tables
 from jobs.ops import stream_status
+from jobs.progress import ProgressCallback, describe, sparse
 from jobs.raw_zone import stream_root
 from jobs.transform import transform
 from orchestration.metadata import drain_metadata, explained, transform_metadata
@@ -25,6 +26,11 @@ class DrainConfig(dg.Config):
     """Launchpad settings of a raw_changes run."""
 
     resnapshot: bool = False  # copy the collection(s) afresh first (see README, Snapshots)
+
+
+def progress_log(context: dg.AssetExecutionContext) -> ProgressCallback:
+    """Long work's progress in the run's log: each phase, the end, and a line per 10 s."""
+    return sparse(lambda progress: context.log.info(describe(progress)), every_s=10)
 
 
 def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
@@ -83,14 +89,23 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
         metadata=meta,
     )
     def raw_changes(
-        config: DrainConfig, mongo: MongoResource, state: StateStoreResource, lake: LakeResource
+        context: dg.AssetExecutionContext,
+        config: DrainConfig,
+        mongo: MongoResource,
+        state: StateStoreResource,
+        lake: LakeResource,
     ) -> dg.MaterializeResult:
         """The stream's raw zone. Each run drains the change stream from the stored resume token
         to its postBatchResumeToken (or the run's horizon, or its budget), writes the events as
         Hive-partitioned Parquet and commits the files and the new token in one transaction."""
         with explained():
             result = drain(
-                stream, mongo.raw_client(), state.store(), lake.path, resnapshot=config.resnapshot
+                stream,
+                mongo.raw_client(),
+                state.store(),
+                lake.path,
+                resnapshot=config.resnapshot,
+                progress=progress_log(context),
             )
             status = stream_status(stream, mongo.raw_client(), state.store())
         location = stream_root(lake.path, stream.name)
@@ -133,12 +148,17 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
 
     @dg.multi_asset(specs=specs, name=f"{stream.name}_transform", pool=pool(stream))
     def spark_transform(
-        state: StateStoreResource, lake: LakeResource, spark: SparkResource
+        context: dg.AssetExecutionContext,
+        state: StateStoreResource,
+        lake: LakeResource,
+        spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult]:
         """Folds the committed raw batches into `changes` and `current` in one Spark step."""
         with explained():
             # The session's factory, not a session: a run with no new batches starts no Spark.
-            result = transform(spark.session, state.store(), lake.path, stream)
+            result = transform(
+                spark.session, state.store(), lake.path, stream, progress=progress_log(context)
+            )
             now = tables(state.store(), lake.path, stream.name, with_files=False)
         metadata = transform_metadata(result, now)
         yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])

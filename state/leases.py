@@ -140,7 +140,7 @@ def _held(name: str, row: Any) -> LeaseHeld:
     who = f" by {row.owner} since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC" if row else ""
     until = f", until {row.expires_at:%H:%M:%S} UTC at the latest" if row else ""
     return LeaseHeld(
-        f"Stream {stream!r} is being {done} by another run (lease {name!r} held{who}{until}); "
+        f"Stream {stream!r} is being {done} by another run (lease held{who}{until}); "
         f"two runs of one stream never {verb} at once.",
         "Wait for that run to finish. If it died on another host, its lease expires by "
         "itself; a run that died on this host is detected and taken over automatically.",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,7 +33,8 @@ def test_drain_and_status(env, client, db_name, capsys):
     assert main(["drain", "orders"]) == 0
     client[db_name]["orders"].insert_many([{"i": i} for i in range(25)])
     assert main(["drain", "--all"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err == ""  # not a terminal: the summary only, no progress line
     assert "orders" in out and "25" in out and "caught_up" in out
     assert main(["status"]) == 0
     status = capsys.readouterr().out
@@ -137,3 +140,24 @@ def test_transform_then_tables_without_dagster(env, spark, monkeypatch, client, 
     finally:
         store.release_lease(lease)
         store.close()
+
+
+def test_progress_shows_on_a_terminal(env, client, db_name, monkeypatch, capsys):
+    client[db_name]["orders"].insert_many([{"i": i} for i in range(120)])
+    leader, follower = os.openpty()
+    terminal = os.fdopen(follower, "w")
+    monkeypatch.setattr(sys, "stderr", terminal)
+    try:
+        assert main(["resnapshot", "orders"]) == 0
+    finally:
+        terminal.close()
+    try:
+        shown = os.read(leader, 65536).decode()
+    except OSError:  # EIO: the terminal's other end is closed and nothing was written
+        shown = ""
+    finally:
+        os.close(leader)
+    # One line that rewrites itself (carriage returns), ending at the whole count.
+    assert "\rorders snapshot (copy): 0 / ~120 documents" in shown, shown
+    assert "orders snapshot (copy): 120 / ~120 documents" in shown, shown
+    assert "120 documents" in capsys.readouterr().out

@@ -32,6 +32,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.catalog import publish
+from jobs.progress import Meter, ProgressCallback
 from jobs.transform.change_log import NewEvents, log_new_events
 from jobs.transform.readers import change_log
 from jobs.transform.versions import VersionPlan, folds_namespace_events, write_base, write_delta
@@ -73,8 +74,10 @@ def transform(
     stream: StreamConfig,
     *,
     before_commit: Callable[[], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> TransformResult:
-    """Run the transform for `stream` once; see the module docstring."""
+    """Run the transform for `stream` once; see the module docstring. `progress` hears of
+    each phase (change log, current, commit) and the events read."""
     clock = time.monotonic()
     tstate = TransformState(store)
     store.ensure_stream_row(stream)
@@ -87,6 +90,8 @@ def transform(
         if not batches and not backfill:
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
         phases = {"plan": time.monotonic() - clock}
+        meter = Meter(progress, stream.name, "transform", "events")
+        meter.enter("change log", total=sum(b.event_count for b in batches))
         mark = time.monotonic()
         # A classic or a Connect session (neither is callable), or a factory of one.
         session = spark() if callable(spark) else spark
@@ -96,6 +101,7 @@ def transform(
         phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
         added = new.count if new is not None else 0
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if taken over
+        meter.enter("current", done=meter.total)
 
         record: CurrentVersion | None = None
         schema_report: dict[str, list[str]] = {}
@@ -114,6 +120,7 @@ def transform(
             )
         phases["current"], mark = time.monotonic() - mark, time.monotonic()
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)
+        meter.enter("commit")
         if before_commit is not None:
             before_commit()
         tstate.commit(
@@ -123,6 +130,7 @@ def transform(
             tstate.prune_beyond(stream.name, stream.keep_versions)
         publish(store, lake_root, stream.name)
         phases["commit"] = time.monotonic() - mark
+        meter.finish()
         events_read = sum(b.event_count for b in batches)
         made = record is not None and record.path is not None
         return TransformResult(

@@ -22,6 +22,7 @@ from resources.embedded_mongo import ensure_embedded, stop_embedded
 from resources.spark import REMOTE_ENV
 from resources.spark_server import DEFAULT_PORT, last_log, running_server, start_server, stop_server
 from tidemark.cli.curated import tables_command, transform_command
+from tidemark.cli.progress import terminal_progress
 from tidemark.cli.runtime import Runtime, open_runtime
 from tidemark.cli.table import format_table, human_bytes, human_seconds
 from tidemark.errors import SparkServerError, TidemarkError
@@ -165,7 +166,10 @@ def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.all == bool(args.stream):
         raise TidemarkError("Name one stream to drain, or pass --all.", "")
     streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
-    results = [drain(s, runtime.client, runtime.store, runtime.lake_root) for s in streams]
+    shown = terminal_progress()
+    results = [
+        drain(s, runtime.client, runtime.store, runtime.lake_root, progress=shown) for s in streams
+    ]
     print(_drain_table(results))
     return 0
 
@@ -246,7 +250,14 @@ def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
 
 def _resnapshot(runtime: Runtime, name: str) -> int:
     stream = runtime.config.stream(name)
-    result = drain(stream, runtime.client, runtime.store, runtime.lake_root, resnapshot=True)
+    result = drain(
+        stream,
+        runtime.client,
+        runtime.store,
+        runtime.lake_root,
+        resnapshot=True,
+        progress=terminal_progress(),
+    )
     snapshot = result.snapshot
     assert snapshot is not None
     print(

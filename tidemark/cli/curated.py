@@ -13,6 +13,7 @@ from typing import Any
 
 from jobs.catalog import TableState, publish_if_stale, tables
 from resources.spark import SparkConfig, prepare_connect_mode, spark_session, stop_if_created
+from tidemark.cli.progress import terminal_progress
 from tidemark.cli.runtime import Runtime, resolve_spark_remote
 from tidemark.cli.table import format_table
 from tidemark.errors import LeaseHeld, TidemarkError
@@ -42,7 +43,9 @@ def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
     try:
         for stream in streams:
             try:
-                r = transform(session, runtime.store, runtime.lake_root, stream)
+                r = transform(
+                    session, runtime.store, runtime.lake_root, stream, progress=terminal_progress()
+                )
             except LeaseHeld as exc:
                 if not args.all:
                     raise
