@@ -46,18 +46,29 @@ def pool(stream: StreamConfig) -> str:
 
 
 def on_new_raw_batches() -> dg.AutomationCondition:
-    """The transform's cadence: requested when a dependency's data version changed since the
-    transform was last requested or ran (raw_changes: a new committed batch; a replay window),
-    or when `current`'s freshness policy warns (a quiet stream then gets a run that starts no
-    Spark and confirms `current` is whole); never while it or a dependency is in progress."""
+    """The transform's cadence (the condition of `changes`): requested when a dependency's data
+    version changed since the transform was last requested or ran (raw_changes: a new
+    committed batch; a replay window); never while it or a dependency is in progress."""
     new_batches = dg.AutomationCondition.any_deps_match(
         dg.AutomationCondition.data_version_changed()
     ).with_label("a new raw batch")
+    return _unless_running(new_batches.since_last_handled()).with_label("on new raw batches")
+
+
+def on_freshness_warned() -> dg.AutomationCondition:
+    """The condition of `current`, the asset with the FreshnessPolicy (a condition reads its own
+    asset's freshness, so it cannot sit on `changes`): once its policy warns, one run of the
+    step (a quiet stream's starts no Spark and confirms `current` is whole)."""
+    warned = dg.AutomationCondition.freshness_warned().since_last_handled()
+    return _unless_running(warned).with_label("on freshness warned")
+
+
+def _unless_running(condition: dg.AutomationCondition) -> dg.AutomationCondition:
     return (
-        (new_batches | dg.AutomationCondition.freshness_warned()).since_last_handled()
+        condition
         & ~dg.AutomationCondition.in_progress()
         & ~dg.AutomationCondition.any_deps_in_progress()
-    ).with_label("on new raw batches")
+    )
 
 
 def current_freshness(stream: StreamConfig) -> dg.FreshnessPolicy:
@@ -143,6 +154,7 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
                 "run (the newest event per key wins, in event order). A version is a base and "
                 "the deltas after it, merged by readers; compaction rewrites it as one base.",
                 freshness_policy=current_freshness(stream),
+                automation_condition=on_freshness_warned(),
             )
         )
 

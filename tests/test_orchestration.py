@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 import time
@@ -333,6 +334,14 @@ def test_a_resnapshot_job_reports_snapshot_progress(setup, client, db_name):
     metadata = {k: v.value for k, v in raw.materialization.metadata.items()}
     assert metadata["snapshot_status"] == "done" and metadata["snapshot_documents"] == 100
     assert metadata["snapshot_chunks"] == 3 and metadata["snapshot_bytes"] > 0
+    # The same progress figures as the CLI's, in the run's log: each phase and the end.
+    logged = [e.message for e in instance.all_logs(run.run_id) if e.dagster_event is None]
+    copied = [m for m in logged if m.startswith("orders snapshot (copy): 100 / ~100 documents")]
+    assert copied and " in " in copied[-1], logged  # the last report: "... in <duration>"
+    folded = [m.split(")")[0] for m in logged if m.startswith("orders transform (")]
+    assert folded == [
+        "orders transform (" + p for p in ("change log", "current", "commit", "commit")
+    ]
     current = next(
         e
         for e in run.get_asset_materialization_events()
@@ -416,3 +425,51 @@ def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batc
 
     assert drain.execute_in_process(instance=instance).success  # quiet again
     assert requested() == set()
+
+
+def _freshness_daemon_tick(defs: dg.Definitions, instance: dg.DagsterInstance, at: datetime):
+    """What `dagster dev`'s freshness daemon does once, at the time `at`: evaluate each
+    asset's FreshnessPolicy and record a change of state (which `freshness_warned` reads)."""
+    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
+    from dagster._core.test_utils import freeze_time
+    from dagster._daemon.freshness import FreshnessDaemon
+
+    async def tick() -> None:
+        view = AssetGraphView.for_test(defs, instance)
+        daemon = FreshnessDaemon()
+        await asyncio.gather(
+            *(daemon._evaluate_asset(view, node) for node in view.asset_graph.asset_nodes)
+        )
+
+    with freeze_time(at):
+        asyncio.run(tick())
+
+
+def test_a_quiet_stream_gets_a_transform_once_current_is_past_its_warn_window(
+    setup, client, db_name
+):
+    config, defs, _ = setup()
+    sync, drain = defs.resolve_job_def("orders_sync"), defs.resolve_job_def("orders_drain")
+    instance = dg.DagsterInstance.ephemeral()
+    transform = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+    cursor = None
+
+    def requested() -> set[dg.AssetKey]:
+        nonlocal cursor
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        cursor = result.cursor
+        return {k for k in transform if result.get_num_requested(k)}
+
+    assert sync.execute_in_process(instance=instance).success  # current materialized
+    requested()
+    assert drain.execute_in_process(instance=instance).success  # quiet: no new batch
+    _freshness_daemon_tick(defs, instance, datetime.now(UTC))  # fresh: PASS
+    assert requested() == set()
+
+    warn = timedelta(seconds=config.streams[0].checks.lag_error_seconds)
+    _freshness_daemon_tick(defs, instance, datetime.now(UTC) + warn + timedelta(minutes=1))
+    current = dg.AssetKey(["orders", "current"])
+    (record,) = instance.get_freshness_state_records([current]).values()
+    assert record.freshness_state.value == "WARN"  # the daemon's verdict, as the UI shows it
+    assert requested() == transform  # a run that confirms current is whole, no new batch
+    assert requested() == set()  # once, not at every tick
