@@ -192,14 +192,7 @@ def drain(
                     raise
                 snapshot = begin_snapshot(stream, client, store, lease, "history lost")
                 snapshot = copy_chunks(
-                    stream,
-                    client,
-                    store,
-                    lake_root,
-                    lease,
-                    snapshot,
-                    after_chunk=after_chunk,
-                    progress=progress,
+                    stream, client, store, lake_root, lease, snapshot, after_chunk, progress
                 )
         raise AssertionError("unreachable: the second attempt returns or raises")
     finally:
@@ -242,16 +235,7 @@ def _snapshot_phase(
         snapshot = begin_snapshot(stream, client, store, lease, "initial")
     if snapshot is None:
         return None
-    return copy_chunks(
-        stream,
-        client,
-        store,
-        lake_root,
-        lease,
-        snapshot,
-        after_chunk=after_chunk,
-        progress=progress,
-    )
+    return copy_chunks(stream, client, store, lake_root, lease, snapshot, after_chunk, progress)
 
 
 def _snapshot_result(

@@ -217,7 +217,6 @@ def copy_chunks(
     lake_root: Path,
     lease: Lease,
     snapshot: SnapshotRecord,
-    *,
     after_chunk: Callable[[SnapshotRecord], None] | None = None,
     progress: ProgressCallback | None = None,
 ) -> SnapshotRecord:
