@@ -3,8 +3,10 @@ to the callback they are given, ending at their true totals."""
 
 from __future__ import annotations
 
+import pytest
+
 from jobs.capture import drain
-from jobs.progress import Progress
+from jobs.progress import Meter, Progress, describe
 from jobs.transform import transform
 
 
@@ -61,3 +63,21 @@ def test_a_transform_reports_its_phases_and_the_events_it_read(
     reports.clear()
     transform(spark, sqlite_store, lake, stream, progress=reports.append)
     assert reports == []  # nothing new: no work to report
+
+
+@pytest.mark.fast
+def test_a_meter_calls_back_per_interval_but_always_for_a_phase_and_the_end():
+    reports: list[Progress] = []
+    meter = Meter(reports.append, "orders", "snapshot", "documents", interval=float("inf"))
+    for done in range(1, 10_001):  # a reply or a chunk each
+        meter.count(done)
+    meter.enter("copy", total=20_000)
+    meter.count(15_000)
+    meter.finish()
+    assert [(r.phase, r.done, r.final) for r in reports] == [
+        ("", 1, False),  # the first count: the work has started
+        ("copy", 10_000, False),
+        ("copy", 15_000, True),
+    ]
+    assert describe(reports[-1]).startswith("orders snapshot (copy): 15,000 / ~20,000 documents")
+    Meter(None, "orders", "drain", "events").finish()  # no callback: nothing to do
