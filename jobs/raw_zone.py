@@ -54,9 +54,14 @@ def raw_partition(lake_root: Path, stream: str, moment: datetime) -> Path:
     return lake_root / RAW / stream / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
 
 
+def stream_root(lake_root: Path, stream: str) -> Path:
+    """`<lake>/raw/<stream>`: the stream's raw zone."""
+    return lake_root / RAW / stream
+
+
 def stream_files(lake_root: Path, stream: str) -> list[Path]:
     """Every file in a stream's raw zone, temporaries included."""
-    base = lake_root / RAW / stream
+    base = stream_root(lake_root, stream)
     if not base.exists():
         return []
     return sorted(p for p in base.rglob("*") if p.is_file())

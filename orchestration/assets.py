@@ -2,11 +2,15 @@
 
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 
 import dagster as dg
 
 from jobs.capture import drain, replay
+from jobs.catalog import tables
 from jobs.ops import stream_status
+from jobs.progress import ProgressCallback, describe, sparse
+from jobs.raw_zone import stream_root
 from jobs.transform import transform
 from orchestration.metadata import drain_metadata, explained, transform_metadata
 from orchestration.resources import (
@@ -24,6 +28,11 @@ class DrainConfig(dg.Config):
     resnapshot: bool = False  # copy the collection(s) afresh first (see README, Snapshots)
 
 
+def progress_log(context: dg.AssetExecutionContext) -> ProgressCallback:
+    """Long work's progress in the run's log: each phase, the end, and a line per 10 s."""
+    return sparse(lambda progress: context.log.info(describe(progress)), every_s=10)
+
+
 def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
     return {
         name: dg.AssetKey([stream.name, name])
@@ -34,6 +43,39 @@ def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
 def pool(stream: StreamConfig) -> str:
     """One concurrency pool per stream (limit 1): a stream never runs twice at once."""
     return f"tidemark_{stream.name}"
+
+
+def on_new_raw_batches() -> dg.AutomationCondition:
+    """The transform's cadence (the condition of `changes`): requested when a dependency's data
+    version changed since the transform was last requested or ran (raw_changes: a new
+    committed batch; a replay window); never while it or a dependency is in progress."""
+    new_batches = dg.AutomationCondition.any_deps_match(
+        dg.AutomationCondition.data_version_changed()
+    ).with_label("a new raw batch")
+    return _unless_running(new_batches.since_last_handled()).with_label("on new raw batches")
+
+
+def on_freshness_warned() -> dg.AutomationCondition:
+    """The condition of `current`, the asset with the FreshnessPolicy (a condition reads its own
+    asset's freshness, so it cannot sit on `changes`): once its policy warns, one run of the
+    step (a quiet stream's starts no Spark and confirms `current` is whole)."""
+    warned = dg.AutomationCondition.freshness_warned().since_last_handled()
+    return _unless_running(warned).with_label("on freshness warned")
+
+
+def _unless_running(condition: dg.AutomationCondition) -> dg.AutomationCondition:
+    return (
+        condition
+        & ~dg.AutomationCondition.in_progress()
+        & ~dg.AutomationCondition.any_deps_in_progress()
+    )
+
+
+def current_freshness(stream: StreamConfig) -> dg.FreshnessPolicy:
+    """`current` should have been folded within the lag check's error threshold (warn) and
+    twice that (fail): the same budget the `lag` check gives the raw zone."""
+    error = timedelta(seconds=stream.checks.lag_error_seconds)
+    return dg.FreshnessPolicy.time_window(fail_window=2 * error, warn_window=error)
 
 
 def replay_partitions(stream: StreamConfig) -> dg.TimeWindowPartitionsDefinition:
@@ -58,17 +100,32 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
         metadata=meta,
     )
     def raw_changes(
-        config: DrainConfig, mongo: MongoResource, state: StateStoreResource, lake: LakeResource
+        context: dg.AssetExecutionContext,
+        config: DrainConfig,
+        mongo: MongoResource,
+        state: StateStoreResource,
+        lake: LakeResource,
     ) -> dg.MaterializeResult:
         """The stream's raw zone. Each run drains the change stream from the stored resume token
         to its postBatchResumeToken (or the run's horizon, or its budget), writes the events as
         Hive-partitioned Parquet and commits the files and the new token in one transaction."""
         with explained():
             result = drain(
-                stream, mongo.raw_client(), state.store(), lake.path, resnapshot=config.resnapshot
+                stream,
+                mongo.raw_client(),
+                state.store(),
+                lake.path,
+                resnapshot=config.resnapshot,
+                progress=progress_log(context),
             )
             status = stream_status(stream, mongo.raw_client(), state.store())
-        return dg.MaterializeResult(metadata=drain_metadata(result, status))
+        location = stream_root(lake.path, stream.name)
+        return dg.MaterializeResult(
+            metadata=drain_metadata(result, status, location),
+            # The newest committed batch: unchanged by a quiet drain, so the transform's
+            # automation condition (`on_new_raw_batches`) does not fire for it.
+            data_version=dg.DataVersion(status.last_batch.id if status.last_batch else "none"),
+        )
 
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
@@ -83,6 +140,7 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
             kinds={"spark", "parquet"},
             description="The change log: one row per event, typed and flattened, de-duplicated "
             "by event id and partitioned by date.",
+            automation_condition=on_new_raw_batches(),
         )
     ]
     if stream.current_table:
@@ -95,18 +153,26 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
                 description="The current state: one row per live document, a new version per "
                 "run (the newest event per key wins, in event order). A version is a base and "
                 "the deltas after it, merged by readers; compaction rewrites it as one base.",
+                freshness_policy=current_freshness(stream),
+                automation_condition=on_freshness_warned(),
             )
         )
 
     @dg.multi_asset(specs=specs, name=f"{stream.name}_transform", pool=pool(stream))
     def spark_transform(
-        state: StateStoreResource, lake: LakeResource, spark: SparkResource
+        context: dg.AssetExecutionContext,
+        state: StateStoreResource,
+        lake: LakeResource,
+        spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult]:
         """Folds the committed raw batches into `changes` and `current` in one Spark step."""
         with explained():
             # The session's factory, not a session: a run with no new batches starts no Spark.
-            result = transform(spark.session, state.store(), lake.path, stream)
-        metadata = transform_metadata(result)
+            result = transform(
+                spark.session, state.store(), lake.path, stream, progress=progress_log(context)
+            )
+            now = tables(state.store(), lake.path, stream.name, with_files=False)
+        metadata = transform_metadata(result, now)
         yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])
         if stream.current_table:
             yield dg.MaterializeResult(asset_key=k["current"], metadata=metadata["current"])
@@ -134,13 +200,16 @@ def _replay_asset(
     ) -> dg.MaterializeResult:
         """Backfill by operation time: replays the change stream over the partition's window
         [start, end) with startAtOperationTime, into batches marked as replay. The incremental
-        checkpoint never moves; the transform drops events it already has."""
+        checkpoint never moves; the transform drops events it already has. Only windows the
+        oplog still covers can be replayed: raw_changes' `oplog_window_seconds` (and `tidemark
+        status`) says how far back that is; an older window is refused with a message before
+        any work."""
         window = context.partition_time_window
         with explained():
             result = replay(
                 stream, mongo.raw_client(), state.store(), lake.path, window.start, window.end
             )
-        metadata = drain_metadata(result, None)
+        metadata = drain_metadata(result, None, stream_root(lake.path, stream.name))
         metadata["window_start"] = dg.MetadataValue.timestamp(window.start)
         metadata["window_end"] = dg.MetadataValue.timestamp(window.end)
         return dg.MaterializeResult(metadata=metadata)

@@ -40,7 +40,7 @@ def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
             passed=passed,
             severity=severity,
             metadata={
-                "lag_seconds": float(status.lag_seconds or 0.0),
+                "lag_seconds": round(float(status.lag_seconds or 0.0), 1),
                 "warn_above": limits.lag_warn_seconds,
                 "error_above": limits.lag_error_seconds,
             },
@@ -74,9 +74,9 @@ def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
             "error_below": limits.headroom_error_seconds,
         }
         if status.headroom_seconds is not None:
-            metadata["headroom_seconds"] = float(status.headroom_seconds)
+            metadata["headroom_seconds"] = round(float(status.headroom_seconds), 1)
         if status.oplog_window_seconds is not None:
-            metadata["oplog_window_seconds"] = float(status.oplog_window_seconds)
+            metadata["oplog_window_seconds"] = round(float(status.oplog_window_seconds), 1)
         if status.oplog_fill is not None:
             metadata["oplog_fill"] = round(status.oplog_fill, 4)
         if status.headroom_seconds is None:

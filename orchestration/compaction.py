@@ -8,9 +8,10 @@ stream's `compaction:` settings, and the job reports the new base as an observat
 
 import dagster as dg
 
+from jobs.catalog import current_table
 from jobs.transform import compact, delta_debt
 from orchestration.assets import keys, pool
-from orchestration.metadata import compaction_metadata, explained
+from orchestration.metadata import compaction_metadata, explained, table_metadata
 from orchestration.resources import LakeResource, SparkResource, StateStoreResource
 from tidemark.config import StreamConfig
 
@@ -31,11 +32,9 @@ def compaction_job(stream: StreamConfig) -> dg.JobDefinition:
         with explained():
             debt = delta_debt(state.store(), stream.name)
             result = compact(spark.session(), state.store(), lake.path, stream)
-        context.log_event(
-            dg.AssetObservation(
-                asset_key=keys(stream)["current"], metadata=compaction_metadata(result, debt)
-            )
-        )
+            table = current_table(state.store(), lake.path, stream.name, with_files=False)
+        metadata = {**(table_metadata(table) if table else {}), **compaction_metadata(result, debt)}
+        context.log_event(dg.AssetObservation(asset_key=keys(stream)["current"], metadata=metadata))
 
     @dg.job(
         name=compaction_job_name(stream),

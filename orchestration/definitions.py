@@ -20,6 +20,17 @@ from orchestration.schedules import stream_jobs, sync_schedule
 from tidemark.config import TidemarkConfig, load_config
 
 
+def automation_sensor() -> dg.AutomationConditionSensorDefinition:
+    """Evaluates the assets' automation conditions (the transform's `on_new_raw_batches`); on
+    by default, so `dagster dev` folds new batches without a click."""
+    return dg.AutomationConditionSensorDefinition(
+        "tidemark_automation",
+        target=dg.AssetSelection.all(),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+    )
+
+
 def build_definitions(
     config: TidemarkConfig, resources: dict[str, Any] | None = None
 ) -> dg.Definitions:
@@ -32,8 +43,11 @@ def build_definitions(
         jobs=[job for stream in streams for job in stream_jobs(stream)]
         + [compaction_job(stream) for stream in streams if stream.current_table],
         schedules=[sync_schedule(stream) for stream in streams],
-        sensors=[compaction_sensor(stream) for stream in streams if stream.current_table],
+        sensors=[compaction_sensor(stream) for stream in streams if stream.current_table]
+        + [automation_sensor()],
         resources=env_resources() if resources is None else resources,
+        # Runs the automation sensor starts (the transform): one process, so one JVM at most.
+        executor=dg.in_process_executor,
     )
 
 

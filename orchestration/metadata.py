@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from jobs.capture import DrainResult
+from jobs.catalog import TableState
 from jobs.ops import StreamStatus
 from jobs.transform import CompactionResult, DeltaDebt, TransformResult
 from tidemark.errors import TidemarkError
@@ -33,7 +35,32 @@ def _timestamp(value: Any) -> dg.MetadataValue | None:
     return dg.MetadataValue.timestamp(moment) if moment else None
 
 
-def drain_metadata(result: DrainResult, status: StreamStatus | None) -> dict[str, Any]:
+def _seconds(value: float) -> float:
+    """A duration as the UI should show it: to a tenth of a second."""
+    return round(float(value), 1)
+
+
+def table_metadata(table: TableState) -> dict[str, Any]:
+    """Dagster's table conventions, so the Catalog shows the columns, rows and location."""
+    schema = dg.TableSchema(
+        columns=[
+            dg.TableColumn(name=c.name, type=c.type, description=c.description or None)
+            for c in table.columns
+        ]
+    )
+    return {
+        "dagster/column_schema": schema,
+        "dagster/row_count": table.rows,
+        "dagster/uri": table.location.as_uri(),
+        "manifest": dg.MetadataValue.path(str(table.manifest_path)),
+        "version": table.version,
+        "committed_at": dg.MetadataValue.timestamp(table.committed_at),
+    }
+
+
+def drain_metadata(
+    result: DrainResult, status: StreamStatus | None, location: Path | None = None
+) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "events": result.events,
         "bytes": result.bytes,
@@ -59,17 +86,24 @@ def drain_metadata(result: DrainResult, status: StreamStatus | None) -> dict[str
         metadata["snapshot_reason"] = result.snapshot.reason
     if status is not None:
         if status.lag_seconds is not None:
-            metadata["lag_seconds"] = float(status.lag_seconds)
+            metadata["lag_seconds"] = _seconds(status.lag_seconds)
         if status.headroom_seconds is not None:
-            metadata["oplog_headroom_seconds"] = float(status.headroom_seconds)
+            metadata["oplog_headroom_seconds"] = _seconds(status.headroom_seconds)
         if status.oplog_window_seconds is not None:
-            metadata["oplog_window_seconds"] = float(status.oplog_window_seconds)
+            metadata["oplog_window_seconds"] = _seconds(status.oplog_window_seconds)
+    if location is not None:
+        metadata["dagster/uri"] = location.as_uri()
     return metadata
 
 
-def transform_metadata(result: TransformResult) -> dict[str, dict[str, Any]]:
-    """Metadata for `changes` and for `current`."""
+def transform_metadata(
+    result: TransformResult, tables: list[TableState]
+) -> dict[str, dict[str, Any]]:
+    """Metadata for `changes` and for `current`: what the run did, and the tables as they are
+    now (`tables`), so a run that added nothing still reports the newest version and rows."""
+    now = {t.table: table_metadata(t) for t in tables}
     changes = {
+        **now.get("changes", {}),
         "batches": result.batches,
         "events_read": result.events_read,
         "changes_added": result.changes_added,
@@ -77,14 +111,13 @@ def transform_metadata(result: TransformResult) -> dict[str, dict[str, Any]]:
         "duration_s": round(result.duration_s, 3),
     }
     current: dict[str, Any] = {
+        **now.get("current", {}),
         "duration_s": round(result.duration_s, 3),
         "events_folded": result.changes_added,
+        "written_as": result.kind or "nothing new",
     }
-    if result.version is not None:
-        current["version"] = result.version
-        current["written_as"] = result.kind or ""
-    if result.rows is not None:
-        current["rows"] = result.rows
+    if "current" in now:
+        current["rows"] = now["current"]["dagster/row_count"]
     added = result.schema.get("added", [])
     widened = result.schema.get("widened", [])
     current["fields_added"] = len(added)

@@ -1,4 +1,6 @@
-"""Per stream, the jobs that run its assets (sync, replay, resnapshot) and the sync schedule."""
+"""Per stream, the jobs that run its assets (drain, sync, replay, resnapshot) and the drain's
+schedule. The schedule runs the drain alone (cheap, no Spark); the transform follows by its
+automation condition (`orchestration.assets.on_new_raw_batches`), only when a batch is new."""
 
 from __future__ import annotations
 
@@ -17,6 +19,20 @@ def sync_job_name(stream: StreamConfig) -> str:
     return f"{stream.name}_sync"
 
 
+def drain_job_name(stream: StreamConfig) -> str:
+    return f"{stream.name}_drain"
+
+
+def drain_job(stream: StreamConfig) -> AssetJob:
+    return dg.define_asset_job(
+        drain_job_name(stream),
+        selection=dg.AssetSelection.assets(keys(stream)["raw_changes"]),
+        executor_def=dg.in_process_executor,
+        description=f"Drain {stream.namespace} into the raw zone (the transform follows by its "
+        "automation condition when the drain committed a new batch).",
+    )
+
+
 def _drain_and_fold(stream: StreamConfig) -> dg.AssetSelection:
     k = keys(stream)
     selected = [k["raw_changes"], k["changes"]] + ([k["current"]] if stream.current_table else [])
@@ -29,7 +45,8 @@ def sync_job(stream: StreamConfig) -> AssetJob:
         selection=_drain_and_fold(stream),
         # One process for the drain and the Spark step: one JVM per run, no pickling between.
         executor_def=dg.in_process_executor,
-        description=f"Drain {stream.namespace} and fold it into changes and current.",
+        description=f"Drain {stream.namespace} and fold it into changes and current at once "
+        "(by hand; the schedule runs the drain alone).",
     )
 
 
@@ -53,15 +70,15 @@ def resnapshot_job(stream: StreamConfig) -> AssetJob:
 
 
 def stream_jobs(stream: StreamConfig) -> list[AssetJob]:
-    return [sync_job(stream), replay_job(stream), resnapshot_job(stream)]
+    return [drain_job(stream), sync_job(stream), replay_job(stream), resnapshot_job(stream)]
 
 
 def sync_schedule(stream: StreamConfig) -> dg.ScheduleDefinition:
-    """The sync job on the stream's `schedule:` cron (UTC), on by default."""
+    """The drain job on the stream's `schedule:` cron (UTC), on by default."""
     return dg.ScheduleDefinition(
         name=f"{stream.name}_schedule",
         # By name: the job itself is listed once, in `stream_jobs`.
-        job_name=sync_job_name(stream),
+        job_name=drain_job_name(stream),
         cron_schedule=stream.schedule,
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,

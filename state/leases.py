@@ -126,12 +126,22 @@ def release(conn: Connection, lease: Lease) -> None:
     )
 
 
-def _held(stream: str, row: Any) -> LeaseHeld:
+# What the holder of a lease is doing, by the lease name's prefix (see the module docstring).
+_WORK = {
+    "": ("drain", "drained"),
+    "transform": ("transform", "transformed"),
+    "replay": ("replay", "replayed"),
+}
+
+
+def _held(name: str, row: Any) -> LeaseHeld:
+    kind, _, stream = name.rpartition(":")  # stream names are slugs: no colon
+    verb, done = _WORK.get(kind, ("use", "used"))
     who = f" by {row.owner} since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC" if row else ""
     until = f", until {row.expires_at:%H:%M:%S} UTC at the latest" if row else ""
     return LeaseHeld(
-        f"Stream {stream!r} is being drained by another run (lease held{who}{until}); "
-        "two runs of one stream never drain at once.",
+        f"Stream {stream!r} is being {done} by another run (lease held{who}{until}); "
+        f"two runs of one stream never {verb} at once.",
         "Wait for that run to finish. If it died on another host, its lease expires by "
         "itself; a run that died on this host is detected and taken over automatically.",
     )

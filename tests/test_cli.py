@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,7 +33,8 @@ def test_drain_and_status(env, client, db_name, capsys):
     assert main(["drain", "orders"]) == 0
     client[db_name]["orders"].insert_many([{"i": i} for i in range(25)])
     assert main(["drain", "--all"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err == ""  # not a terminal: the summary only, no progress line
     assert "orders" in out and "25" in out and "caught_up" in out
     assert main(["status"]) == 0
     status = capsys.readouterr().out
@@ -97,3 +100,64 @@ def test_errors_are_one_message_not_a_traceback(env, monkeypatch, capsys):
     monkeypatch.setenv("TIDEMARK_STATE_URL", "nonsense")
     assert main(["status"]) == 2
     assert "is not a database URL" in capsys.readouterr().err
+
+
+def test_transform_then_tables_without_dagster(env, spark, monkeypatch, client, db_name, capsys):
+    monkeypatch.setenv("TIDEMARK_SPARK_MASTER", "local[2]")  # the suite's session, not a server
+    assert main(["tables"]) == 0
+    assert "no table yet" in capsys.readouterr().out
+    assert main(["drain", "orders"]) == 0
+    client[db_name]["orders"].insert_many([{"_id": i, "qty": i, "name": "n"} for i in range(20)])
+    assert main(["drain", "orders"]) == 0
+    capsys.readouterr()
+    assert main(["transform", "orders"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:6] == ["orders", "1", "20", "20", "1", "(base)"]
+
+    def no_spark(config):
+        raise AssertionError("a transform with nothing new asked for Spark")
+
+    monkeypatch.setattr("tidemark.cli.curated.spark_session", no_spark)
+    assert main(["transform", "--all"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("nothing new")
+
+    manifest = Path(env["lake"]) / "curated" / "orders" / "current" / "_tidemark_table.json"
+    manifest.unlink()  # as if the run had died between its commit and the manifest
+    assert main(["tables"]) == 0
+    out = capsys.readouterr().out
+    current = next(line for line in out.splitlines() if line.startswith("orders  current"))
+    assert current.split()[2:4] == ["1", "20"] and str(manifest) in current
+    assert current.endswith("3: _id bigint, name string, qty bigint")
+    assert "orders  changes" in out
+    assert "Rewrote the stale manifest of orders/current (version 1)" in out
+    assert manifest.exists()
+
+    store = StateStore(env["state_url"])
+    lease = store.acquire_lease("transform:orders", timedelta(minutes=5))  # a running transform
+    try:
+        assert main(["transform", "orders"]) == 2
+        assert "lease held" in capsys.readouterr().err
+    finally:
+        store.release_lease(lease)
+        store.close()
+
+
+def test_progress_shows_on_a_terminal(env, client, db_name, monkeypatch, capsys):
+    client[db_name]["orders"].insert_many([{"i": i} for i in range(120)])
+    leader, follower = os.openpty()
+    terminal = os.fdopen(follower, "w")
+    monkeypatch.setattr(sys, "stderr", terminal)
+    try:
+        assert main(["resnapshot", "orders"]) == 0
+    finally:
+        terminal.close()
+    try:
+        shown = os.read(leader, 65536).decode()
+    except OSError:  # EIO: the terminal's other end is closed and nothing was written
+        shown = ""
+    finally:
+        os.close(leader)
+    # One line that rewrites itself (carriage returns), ending at the whole count.
+    assert "\rorders snapshot (copy): 0 / ~120 documents" in shown, shown
+    assert "orders snapshot (copy): 120 / ~120 documents" in shown, shown
+    assert "120 documents" in capsys.readouterr().out

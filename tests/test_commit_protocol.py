@@ -136,3 +136,18 @@ def test_two_store_handles_share_one_lease(state_url, make_stream):
     finally:
         a.close()
         b.close()
+
+
+def test_a_held_lease_names_the_work_its_holder_does(store, make_stream):
+    stream = make_stream()
+    store.ensure_stream(stream)
+    for name, work in (
+        (stream.name, "being drained"),
+        (f"transform:{stream.name}", "being transformed"),
+        (f"replay:{stream.name}", "being replayed"),
+    ):
+        store.acquire_lease(name, timedelta(minutes=5))
+        with pytest.raises(LeaseHeld) as held:
+            store.acquire_lease(name, timedelta(minutes=5))
+        message = str(held.value)
+        assert f"Stream {stream.name!r} is {work} by another run" in message, message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 import time
@@ -91,12 +92,15 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         "b/replay",
     }
     assert jobs - {"__ASSET_JOB"} == {
-        f"{stream}_{job}" for stream in "ab" for job in ("sync", "replay", "resnapshot")
+        f"{stream}_{job}" for stream in "ab" for job in ("drain", "sync", "replay", "resnapshot")
     } | {"a_compact"}  # b has no current table to compact
-    assert [s.name for s in module.defs.sensors or []] == ["a_compaction_sensor"]
+    assert [s.name for s in module.defs.sensors or []] == [
+        "a_compaction_sensor",
+        "tidemark_automation",
+    ]
     for stream in "ab":
         schedule = module.defs.resolve_schedule_def(f"{stream}_schedule")
-        assert schedule.job_name == f"{stream}_sync"
+        assert schedule.job_name == f"{stream}_drain"  # the transform follows by automation
         assert schedule.cron_schedule == "*/5 * * * *"
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     # The code location reads every connection setting from the environment, at run time.
@@ -330,9 +334,142 @@ def test_a_resnapshot_job_reports_snapshot_progress(setup, client, db_name):
     metadata = {k: v.value for k, v in raw.materialization.metadata.items()}
     assert metadata["snapshot_status"] == "done" and metadata["snapshot_documents"] == 100
     assert metadata["snapshot_chunks"] == 3 and metadata["snapshot_bytes"] > 0
+    # The same progress figures as the CLI's, in the run's log: each phase and the end.
+    logged = [e.message for e in instance.all_logs(run.run_id) if e.dagster_event is None]
+    copied = [m for m in logged if m.startswith("orders snapshot (copy): 100 / ~100 documents")]
+    assert copied and " in " in copied[-1], logged  # the last report: "... in <duration>"
+    folded = [m.split(")")[0] for m in logged if m.startswith("orders transform (")]
+    assert folded == [
+        "orders transform (" + p for p in ("change log", "current", "commit", "commit")
+    ]
     current = next(
         e
         for e in run.get_asset_materialization_events()
         if e.asset_key == dg.AssetKey(["orders", "current"])
     )
     assert current.materialization.metadata["rows"].value == 100
+
+
+def _metadata_of(result: dg.ExecuteInProcessResult, name: str) -> dict:
+    (event,) = [
+        e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == name
+    ]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client, db_name):
+    _, defs, resources = setup()
+    sync = defs.resolve_job_def("orders_sync")
+    instance = dg.DagsterInstance.ephemeral()
+    assert sync.execute_in_process(instance=instance).success  # starts the stream
+    client[db_name]["orders"].insert_many(
+        [{"_id": i, "name": f"n{i}", "qty": i, "price": i / 2} for i in range(12)]
+    )
+    run = sync.execute_in_process(instance=instance)
+    assert run.success
+    lake = resources["lake"].path
+
+    current = _metadata_of(run, "current")
+    columns = {c.name: c.type for c in current["dagster/column_schema"].columns}
+    assert {"name": "string", "qty": "bigint", "price": "double"}.items() <= columns.items()
+    assert columns["_tm_document"] == "string" and columns["_tm_cluster_time"] == "timestamp"
+    assert current["dagster/row_count"] == 12 and current["version"] == 1
+    assert current["dagster/uri"] == (lake / "curated" / "orders" / "current").as_uri()
+
+    changes = _metadata_of(run, "changes")
+    change_columns = {c.name for c in changes["dagster/column_schema"].columns}
+    assert {"event_id", "operation_type", "full_document", "date"} <= change_columns
+    assert changes["dagster/row_count"] == 12
+    assert _metadata_of(run, "raw_changes")["dagster/uri"] == (lake / "raw" / "orders").as_uri()
+    # Durations are rounded for the UI, not 676432.7453120095.
+    assert _metadata_of(run, "raw_changes")["oplog_headroom_seconds"] == round(
+        _metadata_of(run, "raw_changes")["oplog_headroom_seconds"], 1
+    )
+
+    quiet = sync.execute_in_process(instance=instance)  # nothing new: the table as it is
+    assert quiet.success
+    again = _metadata_of(quiet, "current")
+    assert again["dagster/row_count"] == 12 and again["version"] == 1
+    assert again["written_as"] == "nothing new" and again["events_folded"] == 0
+    assert _metadata_of(quiet, "changes")["dagster/row_count"] == 12
+
+
+def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batch(
+    setup, client, db_name
+):
+    _, defs, _ = setup()
+    drain = defs.resolve_job_def("orders_drain")
+    instance = dg.DagsterInstance.ephemeral()
+    transform = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+    cursor = None
+
+    def requested() -> set[dg.AssetKey]:
+        nonlocal cursor
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        cursor = result.cursor
+        return {k for k in transform if result.get_num_requested(k)}
+
+    assert drain.execute_in_process(instance=instance).success  # takes the starting position
+    requested()  # the first evaluation sees raw_changes' first data version
+    assert drain.execute_in_process(instance=instance).success  # quiet: no new batch
+    assert requested() == set()
+    assert drain.execute_in_process(instance=instance).success
+    assert requested() == set()
+
+    client[db_name]["orders"].insert_many([{"_id": i} for i in range(5)])
+    run = drain.execute_in_process(instance=instance)
+    assert run.success
+    assert _materialized(run) == {"orders/raw_changes"}  # the drain's run starts no Spark
+    assert requested() == transform  # one run of the multi-asset: changes and current
+    assert requested() == set()  # requested once, not at every tick
+
+    assert drain.execute_in_process(instance=instance).success  # quiet again
+    assert requested() == set()
+
+
+def _freshness_daemon_tick(defs: dg.Definitions, instance: dg.DagsterInstance, at: datetime):
+    """What `dagster dev`'s freshness daemon does once, at the time `at`: evaluate each
+    asset's FreshnessPolicy and record a change of state (which `freshness_warned` reads)."""
+    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
+    from dagster._core.test_utils import freeze_time
+    from dagster._daemon.freshness import FreshnessDaemon
+
+    async def tick() -> None:
+        view = AssetGraphView.for_test(defs, instance)
+        daemon = FreshnessDaemon()
+        await asyncio.gather(
+            *(daemon._evaluate_asset(view, node) for node in view.asset_graph.asset_nodes)
+        )
+
+    with freeze_time(at):
+        asyncio.run(tick())
+
+
+def test_a_quiet_stream_gets_a_transform_once_current_is_past_its_warn_window(
+    setup, client, db_name
+):
+    config, defs, _ = setup()
+    sync, drain = defs.resolve_job_def("orders_sync"), defs.resolve_job_def("orders_drain")
+    instance = dg.DagsterInstance.ephemeral()
+    transform = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+    cursor = None
+
+    def requested() -> set[dg.AssetKey]:
+        nonlocal cursor
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        cursor = result.cursor
+        return {k for k in transform if result.get_num_requested(k)}
+
+    assert sync.execute_in_process(instance=instance).success  # current materialized
+    requested()
+    assert drain.execute_in_process(instance=instance).success  # quiet: no new batch
+    _freshness_daemon_tick(defs, instance, datetime.now(UTC))  # fresh: PASS
+    assert requested() == set()
+
+    warn = timedelta(seconds=config.streams[0].checks.lag_error_seconds)
+    _freshness_daemon_tick(defs, instance, datetime.now(UTC) + warn + timedelta(minutes=1))
+    current = dg.AssetKey(["orders", "current"])
+    (record,) = instance.get_freshness_state_records([current]).values()
+    assert record.freshness_state.value == "WARN"  # the daemon's verdict, as the UI shows it
+    assert requested() == transform  # a run that confirms current is whole, no new batch
+    assert requested() == set()  # once, not at every tick

@@ -171,11 +171,12 @@ def test_the_ui_lists_the_assets_and_runs_the_group(dagster_dev, tmp_path, clien
     assets = graphql(
         port,
         """{ assetNodes { assetKey { path } assetMaterializations(limit: 1) {
-            metadataEntries { label ... on IntMetadataEntry { intValue } } } } }""",
+            metadataEntries { label ... on IntMetadataEntry { intValue }
+                ... on TableSchemaMetadataEntry { schema { columns { name type } } } } } } }""",
     )
     rows = {
         "/".join(node["assetKey"]["path"]): {
-            e["label"]: e.get("intValue")
+            e["label"]: e.get("intValue", e.get("schema"))
             for m in node["assetMaterializations"]
             for e in m["metadataEntries"]
         }
@@ -183,6 +184,17 @@ def test_the_ui_lists_the_assets_and_runs_the_group(dagster_dev, tmp_path, clien
     }
     assert rows["orders/raw_changes"]["events"] == 7
     assert rows["orders/current"]["rows"] == 7
+    # The Catalog's conventions: the row count and the typed columns, document fields included.
+    assert rows["orders/current"]["dagster/row_count"] == 7
+    columns = {
+        c["name"]: c["type"] for c in rows["orders/current"]["dagster/column_schema"]["columns"]
+    }
+    assert columns["_tm_key"] == "string" and "_id" in columns, columns
+    assert "event_id" in {
+        c["name"] for c in rows["orders/changes"]["dagster/column_schema"]["columns"]
+    }
+    page = browse(port, "/assets/orders/current", tmp_path, "--dump-dom")
+    assert ">Columns<" in page and ">_tm_key<" in page and ">_id<" in page, "no columns shown"
 
     screenshot = tmp_path / "graph.png"
     browse(port, "/asset-groups", tmp_path, f"--screenshot={screenshot}", "--hide-scrollbars")

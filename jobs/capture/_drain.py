@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from jobs.capture.server_errors import ResumedFromInvalidate
 from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
+from jobs.progress import Meter, ProgressCallback
 from resources.mongo import cluster_time
 from state import (
     Checkpoint,
@@ -147,13 +149,15 @@ def drain(
     flush_rows: int = FLUSH_ROWS,
     resnapshot: bool = False,
     after_chunk: Callable[[SnapshotRecord], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> DrainResult:
     """Drain `stream` once and commit; see the module docstring.
 
     A stream that starts with a snapshot (or is asked to re-snapshot, or has
     `on_history_lost: resnapshot` and lost its position) copies its collections first, chunk
     by chunk, and drains the change stream from the snapshot's time once the copy is done.
-    `before_commit` and `after_chunk` are test seams.
+    `before_commit` and `after_chunk` are test seams; `progress` hears of documents copied
+    and events read so far (`jobs.progress`).
     """
     started_at = datetime.now(UTC)
     clock = time.monotonic()
@@ -163,7 +167,9 @@ def drain(
         # Under the lease: a run that may not drain must not change the stream's definition
         # either, or the running one would commit its token under the other's fingerprint.
         store.ensure_stream(stream)
-        snapshot = _snapshot_phase(stream, client, store, lake_root, lease, resnapshot, after_chunk)
+        snapshot = _snapshot_phase(
+            stream, client, store, lake_root, lease, resnapshot, after_chunk, progress
+        )
         for attempt in (1, 2):
             if snapshot is not None and snapshot.status != "done":
                 return _snapshot_result(stream, snapshot, started_at, clock)
@@ -179,13 +185,14 @@ def drain(
                     before_commit,
                     flush_rows,
                     snapshot,
+                    progress,
                 )
             except HistoryLost:
                 if stream.on_history_lost != "resnapshot" or attempt == 2:
                     raise
                 snapshot = begin_snapshot(stream, client, store, lease, "history lost")
                 snapshot = copy_chunks(
-                    stream, client, store, lake_root, lease, snapshot, after_chunk=after_chunk
+                    stream, client, store, lake_root, lease, snapshot, after_chunk, progress
                 )
         raise AssertionError("unreachable: the second attempt returns or raises")
     finally:
@@ -216,6 +223,7 @@ def _snapshot_phase(
     lease: Lease,
     resnapshot: bool,
     after_chunk: Callable[[SnapshotRecord], None] | None,
+    progress: ProgressCallback | None,
 ) -> SnapshotRecord | None:
     """Begin or continue a snapshot when one is due; None when there is none to do."""
     snapshot = store.running_snapshot(stream.name)
@@ -227,7 +235,7 @@ def _snapshot_phase(
         snapshot = begin_snapshot(stream, client, store, lease, "initial")
     if snapshot is None:
         return None
-    return copy_chunks(stream, client, store, lake_root, lease, snapshot, after_chunk=after_chunk)
+    return copy_chunks(stream, client, store, lake_root, lease, snapshot, after_chunk, progress)
 
 
 def _snapshot_result(
@@ -277,6 +285,7 @@ def _incremental(
     before_commit: Callable[[list[FileEntry]], None] | None,
     flush_rows: int,
     snapshot: SnapshotRecord | None,
+    progress: ProgressCallback | None = None,
 ) -> DrainResult:
     checkpoint = store.checkpoint(stream.name)  # as of holding the lease
     assert checkpoint is not None
@@ -292,8 +301,10 @@ def _incremental(
     writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
     keep_alive = lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL)  # noqa: E731
     at = position_time(checkpoint, options)
+    meter = Meter(progress, stream.name, "drain", "events", phase="events")
+    one_pass = partial(capture_pass, counted=meter.count)
     try:
-        got = capture_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
+        got = one_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
     except ResumedFromInvalidate:
         # Checkpoints committed before closed cursors were detected hold an invalidate's
         # token unflagged; the server names it, so the stream goes on as the flag would say.
@@ -302,7 +313,7 @@ def _incremental(
         checkpoint = replace(checkpoint, token_is_invalidate=True)
         _open_invalidated(checkpoint, stream)
         options = start_options(checkpoint, stream)
-        got = capture_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
+        got = one_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
     if before_commit is not None:
         before_commit(writer.files)
     token_json = token_to_json(got.token) if got.token is not None else None
@@ -326,6 +337,7 @@ def _incremental(
         version = store.commit_batch(
             lease, checkpoint.version, batch, position, ttl=CAPTURE_LEASE_TTL
         )
+    meter.finish()  # committed
     return DrainResult.of(
         stream.name,
         batch_id,

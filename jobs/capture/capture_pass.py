@@ -167,6 +167,7 @@ def capture(
     bounds: PassBounds,
     keep_alive: Callable[[], None],
     got: Capture | None = None,
+    counted: Callable[[int], None] | None = None,
 ) -> Capture:
     """Consume whole replies until caught up, past the end, a budget, or an invalidate."""
     clock = time.monotonic()
@@ -212,6 +213,8 @@ def capture(
             writer.add(consumed)
             got.events += take
             got.bytes += consumed.nbytes
+            if counted is not None:
+                counted(got.events)
             if got.first_id is None:
                 got.first_id = consumed[0]["_id"]["_data"]
                 got.first_ts = _cluster_time(consumed[0])
@@ -244,17 +247,19 @@ def capture_pass(
     *,
     position_time: Timestamp | None,
     follow_invalidate: bool = False,
+    counted: Callable[[int], None] | None = None,
 ) -> Capture:
     """Open the stream at `start` and capture into `writer` (closed on return or error).
 
     `follow_invalidate` goes on past an invalidate with startAfter (a replay of a stream set
-    to `on_invalidate: continue` covers the re-created collection, as the drain would).
+    to `on_invalidate: continue` covers the re-created collection, as the drain would);
+    `counted` is told the events consumed so far after each reply (progress).
     """
     got = Capture()
     try:
         while True:
             with open_reader(client, stream, start, bounds) as reader:
-                got = capture(reader, writer, bounds, keep_alive, got)
+                got = capture(reader, writer, bounds, keep_alive, got, counted)
             if not (follow_invalidate and got.stop == "invalidate"):
                 break
             start = {"startAfter": got.token}

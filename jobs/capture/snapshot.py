@@ -39,6 +39,7 @@ from pymongo.database import Database
 
 from jobs.capture._bson import RawDocuments, elements
 from jobs.capture.writer import RawBatchWriter
+from jobs.progress import Meter, ProgressCallback
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
 from resources.mongo import RAW_CODEC, cluster_time
 from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
@@ -216,15 +217,20 @@ def copy_chunks(
     lake_root: Path,
     lease: Lease,
     snapshot: SnapshotRecord,
-    *,
     after_chunk: Callable[[SnapshotRecord], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> SnapshotRecord:
-    """Copy and commit chunks until the snapshot is done (or the run's time budget is up)."""
+    """Copy and commit chunks until the snapshot is done (or the run's time budget is up);
+    `progress` hears of the documents copied against the collections' estimated count."""
     clock = time.monotonic()
+    meter = Meter(progress, stream.name, "snapshot", "documents", resumed_from=snapshot.documents)
+    if progress is not None:  # the metadata count: one cheap command per collection
+        meter.enter("copy", total=estimated_documents(client, snapshot))
     max_seconds = stream.budget.max_seconds
     at = unpack_ts(snapshot.cluster_time)
     while snapshot.status != "done":
         if max_seconds and time.monotonic() - clock >= max_seconds:
+            meter.finish()
             return snapshot
         db, coll = (
             snapshot.namespaces[snapshot.namespace_index]
@@ -244,19 +250,19 @@ def copy_chunks(
                 _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, row)
                 for n, row in enumerate(chunk.rows)
             ]
-        progress = replace(
+        moved = replace(
             snapshot,
             chunks=snapshot.chunks + 1,
             documents=snapshot.documents + len(chunk.rows),
             bytes=snapshot.bytes + chunk.nbytes,
         )
         if chunk.finished:
-            progress.namespace_index += 1
-            progress.last_key = None
+            moved.namespace_index += 1
+            moved.last_key = None
         else:
-            progress.last_key = key_to_text(chunk.rows[-1][0])
-        done = progress.namespace_index >= len(snapshot.namespaces)
-        progress.status = "done" if done else "running"
+            moved.last_key = key_to_text(chunk.rows[-1][0])
+        done = moved.namespace_index >= len(snapshot.namespaces)
+        moved.status = "done" if done else "running"
         batch = None
         if raws:
             batch_id = new_batch_id()
@@ -275,8 +281,15 @@ def copy_chunks(
                 last_cluster_time=snapshot.cluster_time,
                 snapshot_id=snapshot.id,
             )
-        store.commit_snapshot_chunk(lease, progress, batch, done)
-        snapshot = progress
+        store.commit_snapshot_chunk(lease, moved, batch, done)
+        snapshot = moved
+        meter.count(snapshot.documents)
         if after_chunk is not None:
             after_chunk(snapshot)
+    meter.finish()
     return snapshot
+
+
+def estimated_documents(client: MongoClient, snapshot: SnapshotRecord) -> int:
+    """The snapshot's collections' document counts from their metadata (no scan)."""
+    return sum(client[db][coll].estimated_document_count() for db, coll in snapshot.namespaces)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from jobs.catalog import publish
 from jobs.curated_zone import current_root, version_dir_name
 from jobs.lake import relative
 from jobs.transform.doc_columns import schema_from_json
@@ -118,6 +119,7 @@ def compact(
             before_commit()
         tstate.commit(lease, stream.name, newest.version, record, [])
         tstate.prune_beyond(stream.name, stream.keep_versions)
+        publish(store, lake_root, stream.name)  # the new base, for other engines
         seconds = (datetime.now(UTC) - started).total_seconds()
         return CompactionResult(stream.name, number, len(parts) - 1, written, live, seconds)
     finally:

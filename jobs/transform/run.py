@@ -12,11 +12,13 @@ the lease's time keeps it, and one whose lease was taken over stops at the next 
 4. commits the run, its directories, the version and the batches it consumed in one fenced
    SQL transaction;
 5. marks versions beyond `keep_versions` pruned (readers stop resolving them; `tidemark gc`
-   deletes the directories no kept version needs).
-It does no file operation of its own on the lake (Spark writes, the state store is the
-catalog), so it runs the same against a remote Spark with the lake on shared storage. A crash
-before step 4 leaves the previous version current and is simply run again; the dead attempt's
-directories are never read.
+   deletes the directories no kept version needs);
+6. replaces the tables' manifests for other engines (`jobs.catalog`), still under the lease;
+   every run first rewrites one a crash after a commit left stale.
+Besides those manifests it does no file operation of its own on the lake (Spark writes, the
+state store is the catalog), so it runs the same against a remote Spark with the lake on
+shared storage. A crash before step 4 leaves the previous version current and is simply run
+again; the dead attempt's directories are never read.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from jobs.catalog import publish
+from jobs.progress import Meter, ProgressCallback
 from jobs.transform.change_log import NewEvents, log_new_events
 from jobs.transform.readers import change_log
 from jobs.transform.versions import VersionPlan, folds_namespace_events, write_base, write_delta
@@ -70,19 +74,24 @@ def transform(
     stream: StreamConfig,
     *,
     before_commit: Callable[[], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> TransformResult:
-    """Run the transform for `stream` once; see the module docstring."""
+    """Run the transform for `stream` once; see the module docstring. `progress` hears of
+    each phase (change log, current, commit) and the events read."""
     clock = time.monotonic()
     tstate = TransformState(store)
     store.ensure_stream_row(stream)
     lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
     try:
+        publish(store, lake_root, stream.name)  # heals a crash between a commit and its manifest
         batches = tstate.untransformed_batches(stream.name)
         latest = tstate.latest(stream.name)
         backfill = stream.current_table and _behind_change_log(tstate, stream.name)
         if not batches and not backfill:
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
         phases = {"plan": time.monotonic() - clock}
+        meter = Meter(progress, stream.name, "transform", "events")
+        meter.enter("change log", total=sum(b.event_count for b in batches))
         mark = time.monotonic()
         # A classic or a Connect session (neither is callable), or a factory of one.
         session = spark() if callable(spark) else spark
@@ -92,6 +101,7 @@ def transform(
         phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
         added = new.count if new is not None else 0
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if taken over
+        meter.enter("current", done=meter.total)
 
         record: CurrentVersion | None = None
         schema_report: dict[str, list[str]] = {}
@@ -110,6 +120,7 @@ def transform(
             )
         phases["current"], mark = time.monotonic() - mark, time.monotonic()
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)
+        meter.enter("commit")
         if before_commit is not None:
             before_commit()
         tstate.commit(
@@ -117,7 +128,9 @@ def transform(
         )
         if stream.current_table:
             tstate.prune_beyond(stream.name, stream.keep_versions)
+        publish(store, lake_root, stream.name)
         phases["commit"] = time.monotonic() - mark
+        meter.finish()
         events_read = sum(b.event_count for b in batches)
         made = record is not None and record.path is not None
         return TransformResult(

@@ -1,5 +1,5 @@
-"""The `tidemark` command for operators: drain, status, reset, gc, the embedded mongod, the
-local Spark Connect server, demo.
+"""The `tidemark` command for operators: drain, transform, status, tables, reset, gc, the
+embedded mongod, the local Spark Connect server, demo.
 
 Every `TidemarkError` is printed as its one-paragraph message (exit code 2), never a traceback.
 """
@@ -21,6 +21,8 @@ from jobs.ops import collect_garbage, reset_stream, stream_status
 from resources.embedded_mongo import ensure_embedded, stop_embedded
 from resources.spark import REMOTE_ENV
 from resources.spark_server import DEFAULT_PORT, last_log, running_server, start_server, stop_server
+from tidemark.cli.curated import tables_command, transform_command
+from tidemark.cli.progress import terminal_progress
 from tidemark.cli.runtime import Runtime, open_runtime
 from tidemark.cli.table import format_table, human_bytes, human_seconds
 from tidemark.errors import SparkServerError, TidemarkError
@@ -39,7 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("drain", help="drain one stream (or all) now and commit")
     p.add_argument("stream", nargs="?", help="stream name; omit with --all")
     p.add_argument("--all", action="store_true", help="drain every stream in the config")
+    p = sub.add_parser(
+        "transform", help="fold committed raw batches into changes and current (as Dagster does)"
+    )
+    p.add_argument("stream", nargs="?", help="stream name; omit with --all")
+    p.add_argument("--all", action="store_true", help="transform every stream in the config")
     sub.add_parser("status", help="checkpoint time, lag, last batch and oplog headroom per stream")
+    sub.add_parser("tables", help="per stream: newest version, rows, manifest and columns")
     p = sub.add_parser("reset", help="move a stream's checkpoint explicitly (recorded)")
     p.add_argument("stream")
     where = p.add_mutually_exclusive_group(required=True)
@@ -130,8 +138,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "drain":
             return _drain(runtime, args)
+        if args.command == "transform":
+            return transform_command(runtime, args)
         if args.command == "status":
             return _status(runtime)
+        if args.command == "tables":
+            return tables_command(runtime)
         if args.command == "reset":
             return _reset(runtime, args)
         if args.command == "resnapshot":
@@ -154,7 +166,10 @@ def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.all == bool(args.stream):
         raise TidemarkError("Name one stream to drain, or pass --all.", "")
     streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
-    results = [drain(s, runtime.client, runtime.store, runtime.lake_root) for s in streams]
+    shown = terminal_progress()
+    results = [
+        drain(s, runtime.client, runtime.store, runtime.lake_root, progress=shown) for s in streams
+    ]
     print(_drain_table(results))
     return 0
 
@@ -235,7 +250,14 @@ def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
 
 def _resnapshot(runtime: Runtime, name: str) -> int:
     stream = runtime.config.stream(name)
-    result = drain(stream, runtime.client, runtime.store, runtime.lake_root, resnapshot=True)
+    result = drain(
+        stream,
+        runtime.client,
+        runtime.store,
+        runtime.lake_root,
+        resnapshot=True,
+        progress=terminal_progress(),
+    )
     snapshot = result.snapshot
     assert snapshot is not None
     print(

@@ -1,0 +1,105 @@
+"""The CLI's commands over the curated tables: `tidemark transform` and `tidemark tables`.
+
+`transform` does the Dagster step's work (`jobs.transform.transform`, under the same stream
+lease), so an operator can fold without Dagster; Spark starts only for a stream with new
+batches. `tables` reads the state store only (no Spark), and rewrites a manifest a crash left
+stale (`jobs.catalog.publish_if_stale`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from jobs.catalog import TableState, publish_if_stale, tables
+from resources.spark import SparkConfig, prepare_connect_mode, spark_session, stop_if_created
+from tidemark.cli.progress import terminal_progress
+from tidemark.cli.runtime import Runtime, resolve_spark_remote
+from tidemark.cli.table import format_table
+from tidemark.errors import LeaseHeld, TidemarkError
+
+
+def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
+    if args.all == bool(args.stream):
+        raise TidemarkError("Name one stream to transform, or pass --all.", "")
+    streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
+    settings = runtime.settings
+    # The home's Connect server unless a master is set, as `tidemark demo` and `ui` do; the
+    # mode is fixed before the transform's modules are imported (see prepare_connect_mode).
+    connect = bool(settings.spark_remote or not settings.spark_master)
+    prepare_connect_mode("sc://" if connect else None)
+    from jobs.transform import transform
+
+    opened: list[tuple[Any, bool]] = []
+
+    def session() -> Any:  # asked for only by a stream with new batches
+        if not opened:
+            remote = resolve_spark_remote(settings) if connect else None
+            config = SparkConfig(master=settings.spark_master or "local[*]", remote=remote)
+            opened.append(spark_session(config))
+        return opened[0][0]
+
+    rows = []
+    try:
+        for stream in streams:
+            try:
+                r = transform(
+                    session, runtime.store, runtime.lake_root, stream, progress=terminal_progress()
+                )
+            except LeaseHeld as exc:
+                if not args.all:
+                    raise
+                rows.append([stream.name, "-", "-", "-", "-", "-", f"skipped: {exc.problem}"])
+                continue
+            made = f"{r.version} ({r.kind})" if r.version is not None else "-"
+            rows.append(
+                [
+                    stream.name,
+                    r.batches,
+                    f"{r.events_read:,}",
+                    f"{r.changes_added:,}",
+                    made,
+                    f"{r.rows:,}" if r.rows is not None else "-",
+                    f"{r.duration_s:.2f} s" if r.batches else "nothing new",
+                ]
+            )
+    finally:
+        for spark, created in opened:
+            stop_if_created(spark, created)
+    header = ["stream", "batches", "events", "changes added", "version", "rows", "took"]
+    print(format_table(header, rows))
+    return 0
+
+
+def tables_command(runtime: Runtime) -> int:
+    rows, healed = [], []
+    for stream in runtime.config.streams:
+        healed += publish_if_stale(runtime.store, runtime.lake_root, stream.name)
+        found = tables(runtime.store, runtime.lake_root, stream.name, with_files=False)
+        if not found:
+            rows.append([stream.name, "-", "-", "-", "-", "no table yet: run the transform", ""])
+        for t in found:
+            rows.append(
+                [
+                    stream.name,
+                    t.table,
+                    t.version,
+                    f"{t.rows:,}",
+                    f"{t.committed_at:%Y-%m-%d %H:%M:%S}",
+                    str(t.manifest_path),
+                    schema_summary(t),
+                ]
+            )
+    header = ["stream", "table", "version", "rows", "committed (UTC)", "manifest", "columns"]
+    print(format_table(header, rows))
+    for t in healed:
+        print(f"Rewrote the stale manifest of {t.stream}/{t.table} (version {t.version}).")
+    return 0
+
+
+def schema_summary(table: TableState, shown: int = 4) -> str:
+    """The document columns with their types (all columns for `changes`), a few by name."""
+    columns = [c for c in table.columns if not c.name.startswith("_tm_")]
+    names = ", ".join(f"{c.name} {c.type}" for c in columns[:shown])
+    more = f", +{len(columns) - shown} more" if len(columns) > shown else ""
+    return f"{len(columns)}: {names}{more}" if columns else "0"
