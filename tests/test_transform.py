@@ -7,16 +7,20 @@ import shutil
 from datetime import timedelta
 
 import pytest
+from bson import Binary, Decimal128, Regex
 from pyspark.sql import functions as F
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import read_changes, read_current, transform
+from jobs.transform.change_log import CHANGES_COLUMNS
+from jobs.transform.extjson import flatten
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.oracle import (
     burst,
     current_state,
     drop_and_recreate,
+    make_doc,
     seed_collection,
     source_state,
 )
@@ -97,6 +101,35 @@ def test_rerun_and_redelivery_change_nothing(
     assert replayed.duplicates_skipped == original.event_count and replayed.version is None
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 100
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == before
+
+
+def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hides(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """One Python pass per event: a run's change-log files carry the full document's plain
+    JSON, `current` (base and delta rows alike) holds exactly what `flatten` gives of its
+    canonical document, and the `changes` table shows its own columns only."""
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    rng = random.Random(5)
+    tricky = {"_id": "t", "p": {"$price": 3}, "re": Regex("^a", "i"), "b": Binary(b"\x01" * 16, 4)}
+    coll.insert_many([make_doc(rng, n) for n in range(40)] + [tricky])
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    coll.update_many({"_id": {"$lt": 20}}, {"$set": {"d": Decimal128("1.50")}})
+    coll.update_one({"_id": "t"}, {"$set": {"p.q": 1}})
+    coll.delete_one({"_id": 3})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+
+    rows = read_current(spark, sqlite_store, lake, stream.name, with_deleted=True).collect()
+    live = [r for r in rows if not r._tm_deleted]
+    assert len(live) == 40
+    assert [r._tm_key for r in live if r._tm_json != flatten(r._tm_document)] == []
+    assert [r._tm_json for r in rows if r._tm_deleted] == [None]
+    changes = read_changes(spark, sqlite_store, lake, stream.name)
+    assert sorted(changes.columns) == sorted(CHANGES_COLUMNS)
 
 
 def test_previous_version_is_the_state_before_the_last_run(
