@@ -14,10 +14,11 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from jobs.curated_zone import run_changes_dir
 from jobs.lake import relative
-from jobs.raw_zone import DOCUMENT_FIELDS
+from jobs.raw_zone import DOCUMENT_FIELDS, RAW_SCHEMA
 from jobs.transform.doc_columns import PLAIN_JSON, documents_udf
 from jobs.transform.fold import ID_ONLY
 from jobs.transform.readers import change_log
@@ -33,6 +34,9 @@ CHANGES_COLUMNS = [
 # the full document's plain JSON, rendered in the same Python pass as the canonical documents,
 # so `current` parses its typed columns from it and runs no Python over a document again.
 LOGGED_JSON = PLAIN_JSON
+
+
+_RAW_COLUMNS = from_arrow_schema(RAW_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ def _raw_events(
     batch_id = F.regexp_extract(F.col("_metadata.file_name"), r"^(.*)-\d+\.parquet$", 1)
     return (
         spark.read.option("basePath", str(lake_root / "raw" / stream))
+        .schema(_RAW_COLUMNS)  # known: no job to read a file's footer for it
         .parquet(*paths)
         .withColumn("batch_id", batch_id)
         .withColumn("source", sources[F.col("batch_id")])

@@ -35,11 +35,12 @@ from typing import Any
 
 import bson
 import bsonjs
-import pandas as pd
+import pyarrow as pa
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import StringType
 
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
@@ -113,9 +114,9 @@ def id_key(document_key: str | None) -> str | None:
     return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
 
 
-@F.pandas_udf(StringType())
-def id_key_udf(document_keys: pd.Series) -> pd.Series:
-    return document_keys.map(id_key)
+@arrow_udf(StringType())
+def id_key_udf(document_keys: pa.Array) -> pa.Array:
+    return pa.array([id_key(k) for k in document_keys.to_pylist()], pa.string())
 
 
 def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:

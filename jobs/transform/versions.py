@@ -105,7 +105,7 @@ def write_base(
     merged = merge_schemas(old_schema, _inferred(spark, new_rows))
     target = _directory(lake_root, plan)
     expand(folded, merged).write.parquet(str(target))
-    written, live = row_counts(spark.read.parquet(str(target)))
+    written, live = row_counts(folded)  # the rows just written, counted where they are held
     return _record(plan, target, lake_root, "base", plan.number, written, live, merged), (
         schema_changes(old_schema, merged)
     )
