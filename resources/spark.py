@@ -126,6 +126,8 @@ def jvm_settings(config: SparkConfig) -> dict[str, str]:
     if config.master.startswith("local"):
         settings["spark.driver.bindAddress"] = "127.0.0.1"
         settings["spark.driver.host"] = "127.0.0.1"
+        # UDF workers fork from a daemon that has imported the transform once (see there).
+        settings["spark.python.daemon.module"] = "jobs.transform.python_daemon"
     return settings
 
 
