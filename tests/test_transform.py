@@ -62,6 +62,27 @@ def test_oracle_current_equals_source_after_every_increment(
     assert seen >= {"insert", "update", "replace", "delete", "drop", "invalidate"}
 
 
+def _redeliver(store, lake, stream: str, original: BatchRecord) -> None:
+    """Commit a copy of a committed batch under a new batch id (as a replay would)."""
+    redelivered = new_batch_id()
+    copies = []
+    for n, f in enumerate(original.files):
+        target = f.path.rsplit("/", 1)[0] + f"/{redelivered}-{n:05d}.parquet"
+        shutil.copy(lake / f.path, lake / target)
+        copies.append(FileEntry(target, f.rows, f.bytes))
+    lease = store.acquire_lease(stream, timedelta(minutes=1))
+    replay = BatchRecord(
+        id=redelivered,
+        stream=stream,
+        source="replay",
+        event_count=original.event_count,
+        bytes=original.bytes,
+        files=copies,
+    )
+    store.commit_batch(lease, None, replay, None)
+    store.release_lease(lease)
+
+
 def test_rerun_and_redelivery_change_nothing(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
@@ -77,25 +98,8 @@ def test_rerun_and_redelivery_change_nothing(
     again = transform(spark, sqlite_store, lake, stream)
     assert (again.version, again.batches, again.changes_added) == (None, 0, 0)
 
-    # Re-deliver the committed batch under a new batch id (as a replay would).
     original = sqlite_store.batches(stream.name)[-1]
-    redelivered = new_batch_id()
-    copies = []
-    for n, f in enumerate(original.files):
-        target = f.path.rsplit("/", 1)[0] + f"/{redelivered}-{n:05d}.parquet"
-        shutil.copy(lake / f.path, lake / target)
-        copies.append(FileEntry(target, f.rows, f.bytes))
-    lease = sqlite_store.acquire_lease(stream.name, timedelta(minutes=1))
-    replay = BatchRecord(
-        id=redelivered,
-        stream=stream.name,
-        source="replay",
-        event_count=original.event_count,
-        bytes=original.bytes,
-        files=copies,
-    )
-    sqlite_store.commit_batch(lease, None, replay, None)
-    sqlite_store.release_lease(lease)
+    _redeliver(sqlite_store, lake, stream.name, original)
     replayed = transform(spark, sqlite_store, lake, stream)
     assert replayed.batches == 1 and replayed.changes_added == 0
     assert replayed.duplicates_skipped == original.event_count and replayed.version is None
@@ -130,6 +134,31 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     assert [r._tm_json for r in rows if r._tm_deleted] == [None]
     changes = read_changes(spark, sqlite_store, lake, stream.name)
     assert sorted(changes.columns) == sorted(CHANGES_COLUMNS)
+
+
+def test_a_run_whose_batches_repeat_events_logs_each_once(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """Most runs' event ids are all new and their rows are written without de-duplication;
+    a run whose batches repeat an event, or hold one already logged, still logs it once."""
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "v": i} for i in range(30)])
+    drain(stream, raw_client, sqlite_store, lake)
+    first = sqlite_store.batches(stream.name)[-1]
+    _redeliver(sqlite_store, lake, stream.name, first)  # the same events twice in one run
+    assert transform(spark, sqlite_store, lake, stream).changes_added == 30
+
+    coll.update_many({"_id": {"$lt": 10}}, {"$inc": {"v": 100}})
+    drain(stream, raw_client, sqlite_store, lake)
+    _redeliver(sqlite_store, lake, stream.name, first)  # logged already, beside new events
+    result = transform(spark, sqlite_store, lake, stream)
+    assert (result.changes_added, result.duplicates_skipped) == (10, 30)
+    changes = read_changes(spark, sqlite_store, lake, stream.name)
+    assert changes.count() == 40 and changes.select("event_id").distinct().count() == 40
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders")
 
 
 def test_previous_version_is_the_state_before_the_last_run(
