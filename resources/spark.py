@@ -106,6 +106,9 @@ def session_settings(config: SparkConfig) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.caseSensitive": "true",  # MongoDB field names are case-sensitive
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        # The partitions are already sized for the cores; adaptive coalescing judged them by
+        # their compressed bytes and put a stage's whole per-row work (JSON, Parquet) in one task.
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         **config.conf,
     }
@@ -123,6 +126,8 @@ def jvm_settings(config: SparkConfig) -> dict[str, str]:
     if config.master.startswith("local"):
         settings["spark.driver.bindAddress"] = "127.0.0.1"
         settings["spark.driver.host"] = "127.0.0.1"
+        # UDF workers fork from a daemon that has imported the transform once (see there).
+        settings["spark.python.daemon.module"] = "jobs.transform.python_daemon"
     return settings
 
 

@@ -7,16 +7,20 @@ import shutil
 from datetime import timedelta
 
 import pytest
+from bson import Binary, Decimal128, Regex
 from pyspark.sql import functions as F
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import read_changes, read_current, transform
+from jobs.transform.change_log import CHANGES_COLUMNS
+from jobs.transform.extjson import flatten
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.oracle import (
     burst,
     current_state,
     drop_and_recreate,
+    make_doc,
     seed_collection,
     source_state,
 )
@@ -58,6 +62,27 @@ def test_oracle_current_equals_source_after_every_increment(
     assert seen >= {"insert", "update", "replace", "delete", "drop", "invalidate"}
 
 
+def _redeliver(store, lake, stream: str, original: BatchRecord) -> None:
+    """Commit a copy of a committed batch under a new batch id (as a replay would)."""
+    redelivered = new_batch_id()
+    copies = []
+    for n, f in enumerate(original.files):
+        target = f.path.rsplit("/", 1)[0] + f"/{redelivered}-{n:05d}.parquet"
+        shutil.copy(lake / f.path, lake / target)
+        copies.append(FileEntry(target, f.rows, f.bytes))
+    lease = store.acquire_lease(stream, timedelta(minutes=1))
+    replay = BatchRecord(
+        id=redelivered,
+        stream=stream,
+        source="replay",
+        event_count=original.event_count,
+        bytes=original.bytes,
+        files=copies,
+    )
+    store.commit_batch(lease, None, replay, None)
+    store.release_lease(lease)
+
+
 def test_rerun_and_redelivery_change_nothing(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
@@ -73,30 +98,67 @@ def test_rerun_and_redelivery_change_nothing(
     again = transform(spark, sqlite_store, lake, stream)
     assert (again.version, again.batches, again.changes_added) == (None, 0, 0)
 
-    # Re-deliver the committed batch under a new batch id (as a replay would).
     original = sqlite_store.batches(stream.name)[-1]
-    redelivered = new_batch_id()
-    copies = []
-    for n, f in enumerate(original.files):
-        target = f.path.rsplit("/", 1)[0] + f"/{redelivered}-{n:05d}.parquet"
-        shutil.copy(lake / f.path, lake / target)
-        copies.append(FileEntry(target, f.rows, f.bytes))
-    lease = sqlite_store.acquire_lease(stream.name, timedelta(minutes=1))
-    replay = BatchRecord(
-        id=redelivered,
-        stream=stream.name,
-        source="replay",
-        event_count=original.event_count,
-        bytes=original.bytes,
-        files=copies,
-    )
-    sqlite_store.commit_batch(lease, None, replay, None)
-    sqlite_store.release_lease(lease)
+    _redeliver(sqlite_store, lake, stream.name, original)
     replayed = transform(spark, sqlite_store, lake, stream)
     assert replayed.batches == 1 and replayed.changes_added == 0
     assert replayed.duplicates_skipped == original.event_count and replayed.version is None
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 100
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == before
+
+
+def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hides(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """One Python pass per event: a run's change-log files carry the full document's plain
+    JSON, `current` (base and delta rows alike) holds exactly what `flatten` gives of its
+    canonical document, and the `changes` table shows its own columns only."""
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    rng = random.Random(5)
+    tricky = {"_id": "t", "p": {"$price": 3}, "re": Regex("^a", "i"), "b": Binary(b"\x01" * 16, 4)}
+    coll.insert_many([make_doc(rng, n) for n in range(40)] + [tricky])
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    coll.update_many({"_id": {"$lt": 20}}, {"$set": {"d": Decimal128("1.50")}})
+    coll.update_one({"_id": "t"}, {"$set": {"p.q": 1}})
+    coll.delete_one({"_id": 3})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+
+    rows = read_current(spark, sqlite_store, lake, stream.name, with_deleted=True).collect()
+    live = [r for r in rows if not r._tm_deleted]
+    assert len(live) == 40
+    assert [r._tm_key for r in live if r._tm_json != flatten(r._tm_document)] == []
+    assert [r._tm_json for r in rows if r._tm_deleted] == [None]
+    changes = read_changes(spark, sqlite_store, lake, stream.name)
+    assert sorted(changes.columns) == sorted(CHANGES_COLUMNS)
+
+
+def test_a_run_whose_batches_repeat_events_logs_each_once(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """Most runs' event ids are all new and their rows are written without de-duplication;
+    a run whose batches repeat an event, or hold one already logged, still logs it once."""
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "v": i} for i in range(30)])
+    drain(stream, raw_client, sqlite_store, lake)
+    first = sqlite_store.batches(stream.name)[-1]
+    _redeliver(sqlite_store, lake, stream.name, first)  # the same events twice in one run
+    assert transform(spark, sqlite_store, lake, stream).changes_added == 30
+
+    coll.update_many({"_id": {"$lt": 10}}, {"$inc": {"v": 100}})
+    drain(stream, raw_client, sqlite_store, lake)
+    _redeliver(sqlite_store, lake, stream.name, first)  # logged already, beside new events
+    result = transform(spark, sqlite_store, lake, stream)
+    assert (result.changes_added, result.duplicates_skipped) == (10, 30)
+    changes = read_changes(spark, sqlite_store, lake, stream.name)
+    assert changes.count() == 40 and changes.select("event_id").distinct().count() == 40
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders")
 
 
 def test_previous_version_is_the_state_before_the_last_run(

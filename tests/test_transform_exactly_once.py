@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime, timedelta
 
 import bson
@@ -12,6 +13,7 @@ import jobs.transform.versions as transform_module
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import compact, read_current, transform
+from jobs.transform.extjson import flatten
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from state.leases import TRANSFORM_LEASE_TTL
@@ -357,3 +359,33 @@ def test_turning_the_current_table_on_backfills_it_from_the_change_log(
     transform(spark, sqlite_store, lake, stream)
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders") and len(got) == 7
+
+
+def test_a_backfill_renders_the_plain_json_a_change_log_written_without_it_lacks(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, tmp_path
+):
+    """A change log written before runs kept the plain JSON beside it is still folded: its
+    rows get the plain JSON from their canonical document (Python for those rows only)."""
+    log_only = make_stream(current_table=False)
+    drain(log_only, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "v": i, "when": datetime(2026, 1, i + 1)} for i in range(6)])
+    coll.update_many({"_id": {"$lt": 3}}, {"$set": {"v": -1.5}})
+    drain(log_only, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, log_only)
+    (run,) = TransformState(sqlite_store).change_log_runs(log_only.name)
+    directory = lake / run.changes_path
+    older = tmp_path / "older"
+    spark.read.parquet(str(directory)).drop("_tm_json").write.partitionBy("date").parquet(
+        str(older)
+    )
+    shutil.rmtree(directory)
+    shutil.move(older, directory)
+
+    stream = make_stream(current_table=True)
+    assert transform(spark, sqlite_store, lake, stream).version == 2
+    current = read_current(spark, sqlite_store, lake, stream.name)
+    assert current_state(current) == source_state(raw_client, db_name, "orders")
+    rows = current.select("_tm_document", "_tm_json", "v").collect()
+    assert all(r._tm_json == flatten(r._tm_document) for r in rows)
+    assert sorted(r.v for r in rows) == [-1.5, -1.5, -1.5, 3.0, 4.0, 5.0]

@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, document_json
 from jobs.transform.extjson import flatten, plain_json
-from jobs.transform.fold import STATE_COLUMNS
+from jobs.transform.fold import PLAIN_JSON, STATE_COLUMNS
 
 JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
 # A field null in every new row says nothing of its type (Spark would call it a string and
@@ -43,7 +43,6 @@ INFER_OPTIONS = {**JSON_OPTIONS, "dropFieldIfAllNull": "true"}
 DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
 # documents_udf's struct: DOCUMENT_FIELDS, then the full document's plain JSON as the state's
 # `_tm_json` column has it (null where there is no full document).
-PLAIN_JSON = "_tm_json"
 DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(PLAIN_JSON, StringType())])
 
 

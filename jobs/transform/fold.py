@@ -35,16 +35,18 @@ from typing import Any
 
 import bson
 import bsonjs
-import pandas as pd
+import pyarrow as pa
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import StringType
 
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
 
 KEY = ["_tm_db", "_tm_coll", "_tm_key"]
+PLAIN_JSON = "_tm_json"  # also the change log's column of the full document's plain JSON
 KEY_OPERATIONS = ["insert", "update", "replace", "delete", SNAPSHOT]
 # snapshot_start opens a (re-)snapshot: its scope is replaced by the snapshot's rows.
 NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", SNAPSHOT_START]
@@ -55,7 +57,7 @@ STATE_COLUMNS = [
     "_tm_document",
     "_tm_event_id",
     "_tm_cluster_time",
-    "_tm_json",  # null on rows this fold set: the caller derives it from _tm_document
+    "_tm_json",  # on rows this fold set: the change log's, or null (the caller derives it)
     "_tm_deleted",  # tombstones and barriers: never shown to readers
 ]
 STATE_DDL = (
@@ -70,7 +72,17 @@ _KEY_CODEC = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
 )
 # documentKey forms that already are the canonical `{_id}` key (an _id alone of these types).
-_ID_ONLY = r'^\{ "_id" : \{ "\$(numberInt|numberLong|oid)" : "[^"]*" \} \}$'
+ID_ONLY = r'^\{ "_id" : \{ "\$(numberInt|numberLong|oid)" : "[^"]*" \} \}$'
+
+
+@dataclass(frozen=True)
+class EventFacts:
+    """What a run knows of its events without reading them (the batches' manifest, the change
+    log's census) and so need not look for. The defaults know nothing: always right, slower."""
+
+    plain_json: bool = False  # every event row carries its document's plain JSON (`_tm_json`)
+    namespace_events: bool = True  # a namespace event may be among them
+    other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
 
 
 @dataclass(frozen=True)
@@ -102,32 +114,55 @@ def id_key(document_key: str | None) -> str | None:
     return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
 
 
-@F.pandas_udf(StringType())
-def id_key_udf(document_keys: pd.Series) -> pd.Series:
-    return document_keys.map(id_key)
+@arrow_udf(StringType())
+def id_key_udf(document_keys: pa.Array) -> pa.Array:
+    return pa.array([id_key(k) for k in document_keys.to_pylist()], pa.string())
 
 
-def canonical_key(document_key: Column) -> Column:
-    """The `_tm_key` of an event's documentKey; Python only for keys not already `{_id}`."""
-    return F.when(document_key.rlike(_ID_ONLY), document_key).otherwise(id_key_udf(document_key))
+def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:
+    """`rows` with `_tm_key`, the canonical key of their documentKey (not null). Python runs
+    only for the rows whose key is not already `{_id}`, and not at all when `other_keys` is
+    false: a UDF under `when` would still be evaluated for every row, so the two kinds are
+    split (two reads of `rows`) and unioned."""
+    if not other_keys:
+        return rows.withColumn("_tm_key", F.col("document_key"))
+    id_only = F.col("document_key").rlike(ID_ONLY)
+    plain = rows.where(id_only).withColumn("_tm_key", F.col("document_key"))
+    other = rows.where(~id_only).withColumn("_tm_key", id_key_udf(F.col("document_key")))
+    return plain.unionByName(other)
 
 
-def keyed_events(events: DataFrame) -> DataFrame:
-    """Events that set or remove one document, in the state's column names."""
+def keyed_events(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
+    """Events that set or remove one document, in the state's column names. `_tm_json` is the
+    change log's plain JSON of the document when the events carry it (null otherwise: the
+    caller derives it from `_tm_document`)."""
+    facts = facts or EventFacts()
     op = F.col("operation_type")
-    return events.where(
+    plain = F.col(PLAIN_JSON) if PLAIN_JSON in events.columns else F.lit(None).cast("string")
+    rows = events.where(
         op.isin(KEY_OPERATIONS)
         & F.col("document_key").isNotNull()
         & ~((op == "update") & F.col("full_document").isNull())
-    ).select(
+    )
+    return with_canonical_key(rows, facts.other_keys).select(
         F.col("db").alias("_tm_db"),
         F.col("coll").alias("_tm_coll"),
-        canonical_key(F.col("document_key")).alias("_tm_key"),
+        F.col("_tm_key"),
         F.when(op != "delete", F.col("full_document")).alias("_tm_document"),
         F.col("event_id").alias("_tm_event_id"),
         F.col("cluster_time").alias("_tm_cluster_time"),
-        F.lit(None).cast("string").alias("_tm_json"),
+        F.when(op != "delete", plain).alias("_tm_json"),
         (op == "delete").alias("_tm_deleted"),
+    )
+
+
+def event_keys(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
+    """KEY of the events' documents: those of `keyed_events(events)` and perhaps a few more,
+    for a semi-join. Only the narrow columns are read, not the documents."""
+    facts = facts or EventFacts()
+    rows = events.where(F.col("document_key").isNotNull()).select("db", "coll", "document_key")
+    return with_canonical_key(rows, facts.other_keys).select(
+        F.col("db").alias("_tm_db"), F.col("coll").alias("_tm_coll"), "_tm_key"
     )
 
 
@@ -150,10 +185,16 @@ def not_cleared(keyed: DataFrame, barriers: DataFrame) -> DataFrame:
     return keyed.join(F.broadcast(barriers), covers, "left_anti")
 
 
+def newest_per_key(events: DataFrame) -> DataFrame:
+    """Keyed rows (STATE_COLUMNS and more): the one with the greatest event id per key."""
+    newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
+    ranked = events.withColumn("_tm_rank", F.row_number().over(newest_first))
+    return ranked.where(F.col("_tm_rank") == 1).drop("_tm_rank")
+
+
 def apply_segment(state: DataFrame, events: DataFrame) -> DataFrame:
     """The newest event per key, applied where it is newer than the row's (tombstones too)."""
-    newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
-    latest = events.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
+    latest = newest_per_key(events)
     held = state.where(F.col("_tm_key").isNotNull()).select(
         *KEY, F.col("_tm_event_id").alias("_held_event_id")
     )
@@ -208,17 +249,30 @@ def apply_namespace_event(state: DataFrame, event: Any, watched: Watched) -> Dat
     return apply_segment(_clear(state, event.to_db, event.to_coll, event), moving)
 
 
-def fold(previous: DataFrame, events: DataFrame, watched: Watched | None = None) -> DataFrame:
-    """The new state rows (STATE_COLUMNS): `previous` with `events` folded in, in event order."""
-    watched = watched or Watched()
-    barriers = (
-        events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
-        .select("event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time")
-        .orderBy("event_id")
-        .collect()
-    )
+def fold(
+    previous: DataFrame | None,
+    events: DataFrame,
+    watched: Watched | None = None,
+    facts: EventFacts | None = None,
+) -> DataFrame:
+    """The new state rows (STATE_COLUMNS): `previous` (None: nothing yet) with `events` folded
+    in, in event order; `facts` spare the work of looking for what cannot be there."""
+    watched, facts = watched or Watched(), facts or EventFacts()
+    barriers = []
+    if facts.namespace_events:
+        found = (
+            events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
+            .select("event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time")
+            .collect()
+        )
+        barriers = sorted(found, key=lambda event: event.event_id)
+    if previous is None and not barriers:
+        # Nothing to fold onto and nothing to clear: the newest event of each key is its row.
+        return newest_per_key(keyed_events(events, facts)).select(*STATE_COLUMNS)
+    if previous is None:
+        previous = events.sparkSession.createDataFrame([], STATE_DDL)
     state = previous.select(*STATE_COLUMNS)
-    keyed = not_cleared(keyed_events(events), barriers_of(state))
+    keyed = not_cleared(keyed_events(events, facts), barriers_of(state))
     lower: str | None = None
     for barrier in [*barriers, None]:
         segment = keyed

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.transform.doc_columns import schema_from_json
+from jobs.transform.doc_columns import PLAIN_JSON, schema_from_json
 from jobs.transform.merge import live, merge, read_parts
 from state import StateStore, TransformState
 from tidemark.errors import TidemarkError
@@ -18,13 +18,15 @@ RUN = "run"  # the partition column of the change log's run directories; readers
 
 
 def read_changes(spark: Any, store: StateStore, lake_root: Path, stream: str) -> Any:
-    """The change log: one row per event, de-duplicated, partitioned by date."""
+    """The change log: one row per event, de-duplicated, partitioned by date (without the
+    plain JSON a run keeps beside the rows for `current`)."""
     runs = TransformState(store).change_log_runs(stream)
     if not runs:
         raise TidemarkError(
             f"Stream {stream!r} has no change log yet.", "Run the transform after a drain."
         )
-    return change_log(spark, lake_root, [r.changes_path for r in runs if r.changes_path])
+    frame = change_log(spark, lake_root, [r.changes_path for r in runs if r.changes_path])
+    return frame.drop(PLAIN_JSON)
 
 
 def change_log(spark: Any, lake_root: Path, paths: list[str]) -> Any:

@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from jobs.catalog import publish
 from jobs.progress import Meter, ProgressCallback
 from jobs.transform.change_log import NewEvents, log_new_events
+from jobs.transform.fold import EventFacts
 from jobs.transform.readers import change_log
 from jobs.transform.versions import VersionPlan, folds_namespace_events, write_base, write_delta
 from state import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
@@ -165,13 +166,16 @@ def _new_version(
         # `current` misses runs that only extended the change log: fold the whole log afresh.
         logged = tstate.change_log_runs(stream.name)
         events = _whole_change_log(spark, lake_root, logged, new)
+        # Older runs' directories may lack the plain JSON: EventFacts() knows nothing.
         plan = VersionPlan(stream, run[0], run[1], None, events)
         record, report = write_base(spark, tstate, lake_root, plan)
         folded = sum(r.changes_added for r in logged) + _n(new)
         return replace(record, events_folded=folded, changes_added=_n(new)), report
     assert new is not None
-    plan = VersionPlan(stream, run[0], run[1], previous, new.frame)
-    if previous is None or folds_namespace_events(batches):
+    namespace = folds_namespace_events(batches)
+    facts = EventFacts(plain_json=True, namespace_events=namespace, other_keys=new.other_keys)
+    plan = VersionPlan(stream, run[0], run[1], previous, new.frame, facts)
+    if previous is None or namespace:
         record, report = write_base(spark, tstate, lake_root, plan)
     else:
         record, report = write_delta(spark, tstate, lake_root, plan)

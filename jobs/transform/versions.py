@@ -16,11 +16,11 @@ never renamed; it is data once the run commits it (`jobs.transform.run`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -28,7 +28,6 @@ from jobs.curated_zone import current_root, version_dir_name
 from jobs.lake import relative
 from jobs.transform.doc_columns import (
     expand,
-    flatten_udf,
     infer_schema,
     merge_schemas,
     schema_changes,
@@ -39,11 +38,13 @@ from jobs.transform.fold import (
     KEY,
     NAMESPACE_OPERATIONS,
     STATE_COLUMNS,
-    STATE_DDL,
+    EventFacts,
     Watched,
     barriers_of,
+    event_keys,
     fold,
     keyed_events,
+    newest_per_key,
     not_cleared,
 )
 from jobs.transform.merge import merge, read_parts, row_counts
@@ -60,6 +61,7 @@ class VersionPlan:
     run_id: str
     previous: CurrentVersion | None  # the newest version (None: there is none to fold onto)
     events: DataFrame  # the change-log rows to fold
+    facts: EventFacts = field(default_factory=EventFacts)  # what is known (default: nothing)
 
 
 def folds_namespace_events(batches: list[BatchRecord]) -> bool:
@@ -84,22 +86,26 @@ def write_base(
 ) -> tuple[CurrentVersion, dict[str, list[str]]]:
     """Fold the events onto the previous version (or nothing) and write every row."""
     previous = plan.previous
-    if previous is None:
-        old_schema = StructType([])
-        state = spark.createDataFrame([], STATE_DDL)
-    else:
+    old_schema, state = StructType([]), None
+    if previous is not None:
         old_schema = schema_from_json(previous.doc_schema)
         state = merge(_previous_rows(spark, tstate, lake_root, previous))
     watched = Watched(plan.stream.database, plan.stream.collection)
-    folded = with_json(fold(state, plan.events, watched))
-    folded = folded.localCheckpoint()  # the fold and the Python UDFs run once, not per action
-    new_rows = folded.join(
-        plan.events.select(F.col("event_id").alias("_tm_event_id")), "_tm_event_id", "left_semi"
-    )
+    folded = fold(state, plan.events, watched, plan.facts)
+    if not plan.facts.plain_json:
+        folded = with_json(folded)
+    folded = folded.localCheckpoint()  # the fold (and any Python) runs once, not per action
+    new_rows = folded
+    if previous is not None:  # with none, every row comes from the events
+        new_rows = folded.join(
+            plan.events.select(F.col("event_id").alias("_tm_event_id")),
+            "_tm_event_id",
+            "left_semi",
+        )
     merged = merge_schemas(old_schema, _inferred(spark, new_rows))
     target = _directory(lake_root, plan)
     expand(folded, merged).write.parquet(str(target))
-    written, live = row_counts(spark.read.parquet(str(target)))
+    written, live = row_counts(folded)  # the rows just written, counted where they are held
     return _record(plan, target, lake_root, "base", plan.number, written, live, merged), (
         schema_changes(old_schema, merged)
     )
@@ -112,22 +118,23 @@ def write_delta(
     previous = plan.previous
     assert previous is not None and previous.base_version is not None
     frames = _previous_rows(spark, tstate, lake_root, previous)
-    keyed = not_cleared(keyed_events(plan.events), barriers_of(frames[0]))
-    newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
-    latest = keyed.withColumn("_tm_rank", F.row_number().over(newest_first)).where("_tm_rank = 1")
-    held = _held(frames, latest.select(*KEY))
+    keyed = not_cleared(keyed_events(plan.events, plan.facts), barriers_of(frames[0]))
+    latest = newest_per_key(keyed)
+    # The keys from the change log's narrow columns: `latest`'s own would read and shuffle
+    # the documents a second time.
+    held = _held(frames, event_keys(plan.events, plan.facts))
     held_id = F.col("_held_event_id")
     newer = (
         latest.join(held, KEY, "left")
         .where(held_id.isNull() | (F.col("_tm_event_id") > held_id))
         .withColumn("_was_live", held_id.isNotNull() & ~F.col("_held_deleted"))
     )
-    # Every row of a delta is new: its plain JSON in one pass (a tombstone's is null).
-    newer = (
-        newer.select(*STATE_COLUMNS, "_was_live")
-        .withColumn("_tm_json", flatten_udf(F.col("_tm_document")))
-        .localCheckpoint()
-    )
+    # Every row of a delta is new; its plain JSON comes from the change log (a tombstone's is
+    # null). Checkpointed: the inference, the counts and the write read it, the join runs once.
+    newer = newer.select(*STATE_COLUMNS, "_was_live")
+    if not plan.facts.plain_json:
+        newer = with_json(newer)
+    newer = newer.localCheckpoint()
     old_schema = schema_from_json(previous.doc_schema)
     merged = merge_schemas(old_schema, _inferred(spark, newer))
     written, gained, lost = newer.agg(
