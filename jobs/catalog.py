@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from jobs.curated_zone import changes_dir, current_root
+from jobs.curated_zone import PLAIN_JSON, changes_dir, current_root
 from state import StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.errors import LeaseHeld
@@ -128,6 +128,9 @@ class TableState:
             body["merge"] = MERGE_RULE
         else:
             body["hive_partitions"] = ["run", "date"]
+            # In the run files or their paths but not in the table (see PLAIN_JSON; `run` only
+            # names the directory a run wrote): drop them when reading the files.
+            body["drop_columns"] = [PLAIN_JSON, "run"]
         return body
 
 
@@ -245,7 +248,7 @@ def _parquet_columns(lake_root: Path, parts: list[Part]) -> list[Column]:
     if not newest:
         return []
     schema = pq.read_schema(lake_root / newest[0])
-    columns = [Column(f.name, str(f.type)) for f in schema]
+    columns = [Column(f.name, str(f.type)) for f in schema if f.name != PLAIN_JSON]
     return [*columns, Column("date", "date", "Hive partition (date=YYYY-MM-DD)")]
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The change log's run files keep the full document's plain JSON beside the table's columns
+# (`current` parses its typed columns from it); it is not a column of `changes`: readers drop it.
+PLAIN_JSON = "_tm_json"
+
 META_COLUMNS = [
     "_tm_db",
     "_tm_coll",

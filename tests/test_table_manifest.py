@@ -68,6 +68,15 @@ def test_duckdb_reads_the_newest_version_through_the_manifest_alone(
     expected = read_changes(spark, sqlite_store, lake, stream.name).select("event_id").collect()
     assert sorted(logged) == sorted(tuple(r) for r in expected)
     assert changes["rows"] == len(logged) == 30 + 5 + 5 + 4
+    # The manifest's schema is the table's: the run files' plain JSON is named to be dropped.
+    table_columns = set(read_changes(spark, sqlite_store, lake, stream.name).columns)
+    file_columns = set(
+        duckdb.sql(
+            f"SELECT * FROM read_parquet({changes['files']!r}, hive_partitioning = true) LIMIT 0"
+        ).columns
+    )
+    assert {c["name"] for c in changes["schema"]} == table_columns
+    assert file_columns - set(changes["drop_columns"]) == table_columns
 
     # After a compaction the manifest names one base, and reads the same.
     assert compact(spark, sqlite_store, lake, stream).version == 3

@@ -43,10 +43,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import StringType
 
+from jobs.curated_zone import PLAIN_JSON
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
 
 KEY = ["_tm_db", "_tm_coll", "_tm_key"]
-PLAIN_JSON = "_tm_json"  # also the change log's column of the full document's plain JSON
 KEY_OPERATIONS = ["insert", "update", "replace", "delete", SNAPSHOT]
 # snapshot_start opens a (re-)snapshot: its scope is replaced by the snapshot's rows.
 NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", SNAPSHOT_START]
