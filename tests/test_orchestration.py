@@ -394,20 +394,30 @@ def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client
     assert _metadata_of(quiet, "changes")["dagster/row_count"] == 12
 
 
-def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batch(
-    setup, client, db_name
-):
-    _, defs, _ = setup()
-    drain = defs.resolve_job_def("orders_drain")
-    instance = dg.DagsterInstance.ephemeral()
-    transform = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+TRANSFORM_ASSETS = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+
+
+def _automation_ticks(defs: dg.Definitions, instance: dg.DagsterInstance):
+    """One evaluation of the automation conditions per call, each from the previous one's
+    cursor (as the sensor ticks); returns which of the transform's assets it requested."""
     cursor = None
 
     def requested() -> set[dg.AssetKey]:
         nonlocal cursor
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
         cursor = result.cursor
-        return {k for k in transform if result.get_num_requested(k)}
+        return {k for k in TRANSFORM_ASSETS if result.get_num_requested(k)}
+
+    return requested
+
+
+def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batch(
+    setup, client, db_name
+):
+    _, defs, _ = setup()
+    drain = defs.resolve_job_def("orders_drain")
+    instance = dg.DagsterInstance.ephemeral()
+    requested = _automation_ticks(defs, instance)
 
     assert drain.execute_in_process(instance=instance).success  # takes the starting position
     requested()  # the first evaluation sees raw_changes' first data version
@@ -420,7 +430,7 @@ def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batc
     run = drain.execute_in_process(instance=instance)
     assert run.success
     assert _materialized(run) == {"orders/raw_changes"}  # the drain's run starts no Spark
-    assert requested() == transform  # one run of the multi-asset: changes and current
+    assert requested() == TRANSFORM_ASSETS  # one run of the multi-asset: changes and current
     assert requested() == set()  # requested once, not at every tick
 
     assert drain.execute_in_process(instance=instance).success  # quiet again
@@ -451,14 +461,7 @@ def test_a_quiet_stream_gets_a_transform_once_current_is_past_its_warn_window(
     config, defs, _ = setup()
     sync, drain = defs.resolve_job_def("orders_sync"), defs.resolve_job_def("orders_drain")
     instance = dg.DagsterInstance.ephemeral()
-    transform = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
-    cursor = None
-
-    def requested() -> set[dg.AssetKey]:
-        nonlocal cursor
-        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
-        cursor = result.cursor
-        return {k for k in transform if result.get_num_requested(k)}
+    requested = _automation_ticks(defs, instance)
 
     assert sync.execute_in_process(instance=instance).success  # current materialized
     requested()
@@ -471,5 +474,5 @@ def test_a_quiet_stream_gets_a_transform_once_current_is_past_its_warn_window(
     current = dg.AssetKey(["orders", "current"])
     (record,) = instance.get_freshness_state_records([current]).values()
     assert record.freshness_state.value == "WARN"  # the daemon's verdict, as the UI shows it
-    assert requested() == transform  # a run that confirms current is whole, no new batch
+    assert requested() == TRANSFORM_ASSETS  # a run that confirms current is whole, no new batch
     assert requested() == set()  # once, not at every tick
