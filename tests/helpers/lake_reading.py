@@ -1,4 +1,5 @@
-"""Reading the raw zone the way a consumer must: only files that committed batches list."""
+"""Reading the lake the way a consumer must: the raw zone's files that committed batches list,
+and a curated table's data directories (not its manifest file)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,9 @@ def direct_events(collection, resume_after) -> list[RawBSONDocument]:
             if event is None:
                 return events
             events.append(event)
+
+
+def data_directories(table_dir: Path) -> list[str]:
+    """The names of a curated table's directories (`v=...`, `run=...`), without the manifest
+    (`_tidemark_table.json`) that sits beside them."""
+    return sorted(p.name for p in table_dir.iterdir() if p.is_dir())
