@@ -40,6 +40,8 @@ from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.errors import LeaseHeld
 
 MANIFEST_NAME = "_tidemark_table.json"
+# A manifest being written: a crash can leave one behind, and gc removes it (`jobs.ops.gc`).
+MANIFEST_TEMP_PREFIX = ".manifest-"
 FORMAT = "tidemark-table/1"
 TableName = Literal["current", "changes"]
 
@@ -256,7 +258,9 @@ def write_manifest(lake_root: Path, table: TableState) -> Path:
     """Replace `table`'s manifest atomically (a temporary file renamed over it)."""
     target = table.manifest_path
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=target.parent)
+    handle, temporary = tempfile.mkstemp(
+        prefix=MANIFEST_TEMP_PREFIX, suffix=".tmp", dir=target.parent
+    )
     try:
         with os.fdopen(handle, "w") as out:
             json.dump(table.to_manifest(lake_root), out, indent=1)

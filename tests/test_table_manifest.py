@@ -9,7 +9,8 @@ import shutil
 import duckdb
 
 from jobs.capture import drain
-from jobs.catalog import MANIFEST_NAME, publish_if_stale
+from jobs.catalog import MANIFEST_NAME, MANIFEST_TEMP_PREFIX, publish_if_stale
+from jobs.ops.gc import sweep_curated
 from jobs.transform import compact, read_changes, read_current, transform
 
 
@@ -112,3 +113,17 @@ def test_a_manifest_left_stale_by_a_crash_is_healed_by_the_next_run_or_tidemark_
     assert healed["version"] == 2 and healed["rows"] == 15
     assert duckdb_current(healed) == spark_current(spark, sqlite_store, lake, stream.name)
     assert publish_if_stale(sqlite_store, lake, stream.name) == []  # up to date: no write
+
+
+def test_gc_removes_a_half_written_manifest_and_keeps_the_manifest(sqlite_store, lake):
+    """A crash between a manifest's temporary file and its rename leaves the temporary file;
+    gc removes it (no Spark, no mongod: the curated zone laid out by hand)."""
+    table = lake / "curated" / "orders" / "current"
+    table.mkdir(parents=True)
+    manifest = table / MANIFEST_NAME
+    manifest.write_text("{}")
+    half = table / f"{MANIFEST_TEMP_PREFIX}abc.tmp"
+    half.write_text("{")
+    swept = sweep_curated(lake, sqlite_store, "orders", min_age_seconds=0)
+    assert swept.removed == ["curated/orders/current/" + half.name]
+    assert manifest.exists() and not half.exists()

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from jobs.capture.capture_pass import writer_leases
+from jobs.catalog import MANIFEST_TEMP_PREFIX
 from jobs.curated_zone import changes_dir, current_root
 from jobs.lake import SweepResult, sweep, sweep_orphans
 from jobs.raw_zone import RAW
@@ -92,14 +93,22 @@ def sweep_curated(
     caller holds the transform lease)."""
     needed = needed_directories(store, stream, min_age_seconds)
     roots = [current_root(lake_root, stream), changes_dir(lake_root, stream)]
-    directories = [d for r in roots if r.exists() for d in sorted(r.iterdir()) if d.is_dir()]
-    return sweep(
-        lake_root,
-        directories,
-        needed,
-        min_age_seconds,
-        lambda directory: shutil.rmtree(directory, ignore_errors=True),
-    )
+    # Its directories, and any manifest a crash left half-written (never the manifest itself).
+    candidates = [
+        p
+        for r in roots
+        if r.exists()
+        for p in sorted(r.iterdir())
+        if p.is_dir() or p.name.startswith(MANIFEST_TEMP_PREFIX)
+    ]
+    return sweep(lake_root, candidates, needed, min_age_seconds, _remove)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _release(store: StateStore, leases: list[Lease]) -> None:
