@@ -92,7 +92,8 @@ def transform(
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
         phases = {"plan": time.monotonic() - clock}
         meter = Meter(progress, stream.name, "transform", "events")
-        meter.enter("change log", total=sum(b.event_count for b in batches))
+        events_read = sum(b.event_count for b in batches)
+        meter.enter("change log", total=events_read)
         mark = time.monotonic()
         # A classic or a Connect session (neither is callable), or a factory of one.
         session = spark() if callable(spark) else spark
@@ -132,7 +133,6 @@ def transform(
         publish(store, lake_root, stream.name)
         phases["commit"] = time.monotonic() - mark
         meter.finish()
-        events_read = sum(b.event_count for b in batches)
         made = record is not None and record.path is not None
         return TransformResult(
             stream=stream.name,
