@@ -110,6 +110,9 @@ def session_settings(config: SparkConfig) -> dict[str, str]:
         # their compressed bytes and put a stage's whole per-row work (JSON, Parquet) in one task.
         "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # A write partitioned by date (the change log) keeps a file open per date a task
+        # meets instead of sorting the task's rows by date first: a run spans one or two.
+        "spark.sql.maxConcurrentOutputFileWriters": "4",
         **config.conf,
     }
 

@@ -83,6 +83,7 @@ class EventFacts:
     plain_json: bool = False  # every event row carries its document's plain JSON (`_tm_json`)
     namespace_events: bool = True  # a namespace event may be among them
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
+    unique_keys: bool = False  # no document key occurs twice among them (`keys_repeat`)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,14 @@ def event_keys(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
     return with_canonical_key(rows, facts.other_keys).select(
         F.col("db").alias("_tm_db"), F.col("coll").alias("_tm_coll"), "_tm_key"
     )
+
+
+def keys_repeat(events: DataFrame, facts: EventFacts | None = None) -> bool:
+    """True when a document key occurs twice among the events (a Spark job over the narrow
+    key columns). A first load of inserts or a snapshot has none: its rows need no shuffle to
+    find each key's newest event."""
+    keys = event_keys(events, facts).groupBy(*KEY).count()
+    return not keys.where(F.col("count") > 1).isEmpty()
 
 
 def barriers_of(state: DataFrame) -> DataFrame:
@@ -267,8 +276,10 @@ def fold(
         )
         barriers = sorted(found, key=lambda event: event.event_id)
     if previous is None and not barriers:
-        # Nothing to fold onto and nothing to clear: the newest event of each key is its row.
-        return newest_per_key(keyed_events(events, facts)).select(*STATE_COLUMNS)
+        # Nothing to fold onto and nothing to clear: the newest event of each key is its row,
+        # and with each key once, the event itself.
+        keyed = keyed_events(events, facts)
+        return (keyed if facts.unique_keys else newest_per_key(keyed)).select(*STATE_COLUMNS)
     if previous is None:
         previous = events.sparkSession.createDataFrame([], STATE_DDL)
     state = previous.select(*STATE_COLUMNS)

@@ -174,7 +174,7 @@ def _new_version(
     assert new is not None
     namespace = folds_namespace_events(batches)
     facts = EventFacts(plain_json=True, namespace_events=namespace, other_keys=new.other_keys)
-    plan = VersionPlan(stream, run[0], run[1], previous, new.frame, facts)
+    plan = VersionPlan(stream, run[0], run[1], previous, new.frame, facts, new.count)
     if previous is None or namespace:
         record, report = write_base(spark, tstate, lake_root, plan)
     else:

@@ -16,7 +16,7 @@ never renamed; it is data once the run commits it (`jobs.transform.run`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,12 +44,17 @@ from jobs.transform.fold import (
     event_keys,
     fold,
     keyed_events,
+    keys_repeat,
     newest_per_key,
     not_cleared,
 )
 from jobs.transform.merge import merge, read_parts, row_counts
 from state import BatchRecord, CurrentVersion, TransformState, VersionKind
 from tidemark.config import StreamConfig
+
+# Up to this many events, a delta's winning event ids (~60 bytes each) are broadcast to pick
+# out their rows; beyond, Spark joins them its own way (the documents are shuffled).
+BROADCAST_WINNERS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class VersionPlan:
     previous: CurrentVersion | None  # the newest version (None: there is none to fold onto)
     events: DataFrame  # the change-log rows to fold
     facts: EventFacts = field(default_factory=EventFacts)  # what is known (default: nothing)
+    events_count: int | None = None  # how many events (None: not known)
 
 
 def folds_namespace_events(batches: list[BatchRecord]) -> bool:
@@ -91,10 +97,18 @@ def write_base(
         old_schema = schema_from_json(previous.doc_schema)
         state = merge(_previous_rows(spark, tstate, lake_root, previous))
     watched = Watched(plan.stream.database, plan.stream.collection)
-    folded = fold(state, plan.events, watched, plan.facts)
-    if not plan.facts.plain_json:
+    facts = plan.facts
+    # A first load whose keys are each once is a projection of the change log's files: read
+    # by each action below, with no shuffle and nothing held (rare otherwise: not checked).
+    direct = previous is None and facts.plain_json and not facts.namespace_events
+    if direct:
+        facts = replace(facts, unique_keys=not keys_repeat(plan.events, facts))
+        direct = facts.unique_keys
+    folded = fold(state, plan.events, watched, facts)
+    if not facts.plain_json:
         folded = with_json(folded)
-    folded = folded.localCheckpoint()  # the fold (and any Python) runs once, not per action
+    if not direct:
+        folded = folded.localCheckpoint()  # the fold (and any Python) runs once, not per action
     new_rows = folded
     if previous is not None:  # with none, every row comes from the events
         new_rows = folded.join(
@@ -119,18 +133,21 @@ def write_delta(
     assert previous is not None and previous.base_version is not None
     frames = _previous_rows(spark, tstate, lake_root, previous)
     keyed = not_cleared(keyed_events(plan.events, plan.facts), barriers_of(frames[0]))
-    latest = newest_per_key(keyed)
-    # The keys from the change log's narrow columns: `latest`'s own would read and shuffle
-    # the documents a second time.
+    # Which event wins each key is decided on the narrow columns; the winners' documents are
+    # then picked out by event id (unique in the change log) without being shuffled.
+    latest = newest_per_key(keyed.select(*KEY, "_tm_event_id"))
+    # The keys to look up from the change log's key columns (a few more than `latest`'s,
+    # whose own would run its window a second time).
     held = _held(frames, event_keys(plan.events, plan.facts))
     held_id = F.col("_held_event_id")
-    newer = (
+    winners = (
         latest.join(held, KEY, "left")
         .where(held_id.isNull() | (F.col("_tm_event_id") > held_id))
-        .withColumn("_was_live", held_id.isNotNull() & ~F.col("_held_deleted"))
+        .select("_tm_event_id", (held_id.isNotNull() & ~F.col("_held_deleted")).alias("_was_live"))
     )
-    # Every row of a delta is new; its plain JSON comes from the change log (a tombstone's is
-    # null). Checkpointed: the inference, the counts and the write read it, the join runs once.
+    if plan.events_count is not None and plan.events_count <= BROADCAST_WINNERS:
+        winners = F.broadcast(winners)
+    newer = keyed.join(winners, "_tm_event_id")
     newer = newer.select(*STATE_COLUMNS, "_was_live")
     if not plan.facts.plain_json:
         newer = with_json(newer)
