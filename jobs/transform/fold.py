@@ -83,7 +83,7 @@ class EventFacts:
     plain_json: bool = False  # every event row carries its document's plain JSON (`_tm_json`)
     namespace_events: bool = True  # a namespace event may be among them
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
-    unique_keys: bool = False  # no document key occurs twice among them (`keys_repeat`)
+    unique_keys: bool = False  # no document key occurs twice among them (`key_census`)
 
 
 @dataclass(frozen=True)
@@ -167,12 +167,25 @@ def event_keys(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
     )
 
 
-def keys_repeat(events: DataFrame, facts: EventFacts | None = None) -> bool:
-    """True when a document key occurs twice among the events (a Spark job over the narrow
-    key columns). A first load of inserts or a snapshot has none: its rows need no shuffle to
-    find each key's newest event."""
-    keys = event_keys(events, facts).groupBy(*KEY).count()
-    return not keys.where(F.col("count") > 1).isEmpty()
+@dataclass(frozen=True)
+class KeyCensus:
+    """The keyed rows of a run's events, counted per key (`key_census`)."""
+
+    repeats: bool  # a document key occurs twice
+    rows: int  # keyed rows: documents and tombstones
+    live: int  # of them, documents
+
+
+def key_census(events: DataFrame, facts: EventFacts | None = None) -> KeyCensus:
+    """One Spark job over the events' key columns. A first load of inserts or a snapshot has
+    no key twice: its rows need no shuffle to find each key's newest event, and its counts
+    are these."""
+    rows = keyed_events(events, facts).select(*KEY, "_tm_deleted")
+    per_key = rows.groupBy(*KEY).agg(
+        F.count(F.lit(1)).alias("n"), F.count(F.when(~F.col("_tm_deleted"), 1)).alias("live")
+    )
+    most, total, live = per_key.agg(F.max("n"), F.sum("n"), F.sum("live")).first() or (0, 0, 0)
+    return KeyCensus(bool(most and most > 1), int(total or 0), int(live or 0))
 
 
 def barriers_of(state: DataFrame) -> DataFrame:

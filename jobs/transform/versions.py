@@ -43,8 +43,8 @@ from jobs.transform.fold import (
     barriers_of,
     event_keys,
     fold,
+    key_census,
     keyed_events,
-    keys_repeat,
     newest_per_key,
     not_cleared,
 )
@@ -100,10 +100,11 @@ def write_base(
     facts = plan.facts
     # A first load whose keys are each once is a projection of the change log's files: read
     # by each action below, with no shuffle and nothing held (rare otherwise: not checked).
-    direct = previous is None and facts.plain_json and not facts.namespace_events
-    if direct:
-        facts = replace(facts, unique_keys=not keys_repeat(plan.events, facts))
-        direct = facts.unique_keys
+    census = None
+    if previous is None and facts.plain_json and not facts.namespace_events:
+        census = key_census(plan.events, facts)
+        facts = replace(facts, unique_keys=not census.repeats)
+    direct = census is not None and not census.repeats
     folded = fold(state, plan.events, watched, facts)
     if not facts.plain_json:
         folded = with_json(folded)
@@ -119,7 +120,10 @@ def write_base(
     merged = merge_schemas(old_schema, _inferred(spark, new_rows))
     target = _directory(lake_root, plan)
     expand(folded, merged).write.parquet(str(target))
-    written, live = row_counts(folded)  # the rows just written, counted where they are held
+    if direct and census is not None:
+        written, live = census.rows, census.live  # one row per keyed event
+    else:
+        written, live = row_counts(folded)  # the rows just written, counted where they are held
     return _record(plan, target, lake_root, "base", plan.number, written, live, merged), (
         schema_changes(old_schema, merged)
     )
