@@ -52,9 +52,10 @@ from jobs.transform.merge import merge, read_parts, row_counts
 from state import BatchRecord, CurrentVersion, TransformState, VersionKind
 from tidemark.config import StreamConfig
 
-# Up to this many events, a delta's winning event ids (~60 bytes each) are broadcast to pick
-# out their rows; beyond, Spark joins them its own way (the documents are shuffled).
-BROADCAST_WINNERS = 2_000_000
+# Up to this many events, a delta's winning event ids (~80 MB at most, held by the driver,
+# whose default heap is 2 GB) are broadcast to pick out their rows; beyond, Spark joins them
+# its own way (the documents are shuffled).
+BROADCAST_WINNERS = 1_000_000
 
 
 @dataclass(frozen=True)
