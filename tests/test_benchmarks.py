@@ -56,7 +56,10 @@ def test_transform_benchmark_smoke():
         "2000",
         "--master",
         "local[2]",
+        "--warm",
+        "1",
     )
+    assert "warm s (median of 1)" in out
     assert "| initial load, 2,000 documents | 2,000 | 2,000 |" in out
     assert "| 300 updates into 2,000 (delta) | 300 | 2,000 |" in out
     assert "| 2,000 updates into 2,000 (delta) | 2,000 | 2,000 |" in out
