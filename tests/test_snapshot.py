@@ -289,6 +289,42 @@ def test_a_max_key_id_after_the_first_chunk_is_copied(
     assert got == _raw_source_state(raw_client, db_name, "orders")
 
 
+def test_a_snapshot_copies_only_what_the_streams_pipeline_lets_through(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """A `$match` that leaves a collection out (or some documents) leaves them out of the copy
+    too: the stream never sees their changes, so rows copied from them would stay in
+    `current` forever, however the source changes."""
+    db = client[db_name]
+    db.orders.insert_many([{"_id": k, "state": "open" if k % 3 else "closed"} for k in range(9)])
+    db.audit.insert_many([{"_id": k, "state": "open"} for k in range(5)])
+    stream = make_stream(
+        collection=None,
+        start="snapshot",
+        snapshot_chunk_size=4,
+        pipeline=[{"$match": {"ns.coll": "orders", "fullDocument.state": {"$ne": "closed"}}}],
+    )
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    copied = [
+        (row["coll"], row["document_key"])
+        for batch in sqlite_store.batches(stream.name, source="snapshot")
+        for f in batch.files
+        for row in pq.read_table(lake / f.path).to_pylist()
+        if row["operation_type"] == "snapshot"
+    ]
+    assert sorted(copied) == sorted(
+        ("orders", canonical(bson.encode({"_id": k}))) for k in [1, 2, 4, 5, 7, 8]
+    )
+    db.audit.delete_many({})  # the stream never sees these deletes
+    db.orders.insert_one({"_id": 100, "state": "open"})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    assert {(r._tm_coll, r._tm_key) for r in rows} == {
+        ("orders", canonical(bson.encode({"_id": k}))) for k in [1, 2, 4, 5, 7, 8, 100]
+    }
+
+
 def test_chunks_are_bounded_by_bytes_as_well_as_by_count(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):

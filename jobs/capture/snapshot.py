@@ -126,6 +126,56 @@ def _row(at: Timestamp, suffix: str, db: str, coll: str, chunk_row: tuple[bytes,
     )
 
 
+# A command holds at most 16 MB: the pipeline's probes go to the server in parts below that.
+_PROBE_BYTES = 8 << 20
+
+
+def passed_by_pipeline(
+    client: MongoClient,
+    stream: StreamConfig,
+    at: Timestamp,
+    db: str,
+    coll: str,
+    rows: list[tuple[bytes, bytes]],
+) -> set[int]:
+    """Indexes of the rows whose insert event the stream's pipeline lets through.
+
+    A snapshot row stands for the event that made its document: copying documents the
+    pipeline leaves out would put rows in `current` that no event of the stream ever changes
+    again. The server runs the pipeline itself (`$documents`), so every filter the stream
+    may hold means the same here; without a pipeline every row passes and nothing is sent.
+    """
+    pipeline = stream.mongo_pipeline()
+    if not pipeline:
+        return set(range(len(rows)))
+    passed: set[int] = set()
+    database = client.get_database(db, codec_options=RAW_CODEC)
+    start = 0
+    while start < len(rows):
+        probes: list[RawBSONDocument] = []
+        size, end = 0, start
+        while end < len(rows) and (not probes or size + len(rows[end][1]) < _PROBE_BYTES):
+            key, document = rows[end]
+            probe = {
+                "_id": end,
+                "operationType": "insert",
+                "clusterTime": at,  # the snapshot row's
+                "ns": {"db": db, "coll": coll},
+                "documentKey": RawBSONDocument(key),
+                "fullDocument": RawBSONDocument(document),
+            }
+            probes.append(RawBSONDocument(bson.encode(probe)))
+            size += len(probes[-1].raw)
+            end += 1
+        if len(probes) == 1 and size > _PROBE_BYTES:
+            passed.add(start)  # too large to send back: kept (a stale row, never a lost one)
+        else:
+            query = [{"$documents": probes}, *pipeline, {"$project": {"_id": 1}}]
+            passed.update(d["_id"] for d in database.aggregate(query))
+        start = end
+    return passed
+
+
 def id_key(document: bytes) -> bytes:
     """`{_id: <value>}` with the document's _id exactly as stored, never decoded: a date
     outside Python's range, an int32 or int64, -0.0 all stay what they are."""
@@ -246,9 +296,11 @@ def copy_chunks(
                 database, coll, after, stream.snapshot_chunk_size, stream.snapshot_chunk_bytes
             )
             first = snapshot.documents
+            passed = passed_by_pipeline(client, stream, at, db, coll, chunk.rows)
             raws += [
                 _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, row)
                 for n, row in enumerate(chunk.rows)
+                if n in passed
             ]
         moved = replace(
             snapshot,
