@@ -239,9 +239,9 @@ def test_a_collection_streams_collection_renamed_away_leaves_current(
 def test_a_collection_replaced_by_a_rename_into_it_is_copied_afresh(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    """A rename onto the watched collection (dropTarget) brings documents that were never
-    events of a collection stream (the stream sees the rename and its invalidate only), from
-    the same database or another one: the drain copies the collection again."""
+    """A rename onto the watched collection (dropTarget, or an $out) brings documents that were
+    never events of a collection stream (the stream sees the rename and its invalidate only),
+    from the same database or another one: the drain copies the collection again."""
     other = f"{db_name}_other"
     stream = make_stream()  # on_invalidate: continue
     drain(stream, raw_client, sqlite_store, lake)
@@ -267,6 +267,14 @@ def test_a_collection_replaced_by_a_rename_into_it_is_copied_afresh(
         transform(spark, sqlite_store, lake, stream)
         got = current_state(read_current(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw_client, db_name, "orders") and len(got) == 4
+
+        # $out onto the collection is the same rename, from a temporary collection.
+        db.staged.insert_many([{"_id": i, "v": "rebuilt"} for i in range(20, 23)])
+        db.staged.aggregate([{"$match": {}}, {"$out": "orders"}])
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        assert got == source_state(raw_client, db_name, "orders") and len(got) == 3
     finally:
         client.drop_database(other)
 
