@@ -325,6 +325,40 @@ def test_a_snapshot_copies_only_what_the_streams_pipeline_lets_through(
     }
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: a rename during a database or cluster snapshot's copy moves rows the "
+    "copy never took (or took from the collection renamed onto the name); the fix needs the "
+    "copy's end time (or each namespace's UUID at T) in the snapshot record, a schema change",
+)
+def test_a_rename_during_a_database_snapshots_copy_keeps_current_equal_to_the_source(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    db = client[db_name]
+    db.a.insert_many([{"_id": k, "v": "a"} for k in range(10)])
+    db.x.insert_many([{"_id": k, "v": "x"} for k in range(100, 110)])
+    stream = make_stream(collection=None, start="snapshot", snapshot_chunk_size=4)
+    renamed = []
+
+    def rename_once(snapshot) -> None:
+        if not renamed:  # one chunk of a copied: a's other documents and all of x's are not
+            renamed.append(snapshot.chunks)
+            db.a.rename("c")
+            db.x.rename("a")
+
+    drain(stream, raw_client, sqlite_store, lake, after_chunk=rename_once)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    got = {(r._tm_coll, r._tm_key): r._tm_document for r in rows}
+    want = {
+        (coll, key): doc
+        for coll in ("a", "c")
+        for key, doc in source_state(raw_client, db_name, coll).items()
+    }
+    assert got == want
+
+
 def test_chunks_are_bounded_by_bytes_as_well_as_by_count(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
