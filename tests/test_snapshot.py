@@ -325,15 +325,30 @@ def test_a_snapshot_copies_only_what_the_streams_pipeline_lets_through(
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a rename during a database or cluster snapshot's copy moves rows the "
-    "copy never took (or took from the collection renamed onto the name); the fix needs the "
-    "copy's end time (or each namespace's UUID at T) in the snapshot record, a schema change",
-)
+def test_a_snapshot_taken_right_after_a_rename_keeps_the_renamed_collection(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """The snapshot's time T is the newest operation when it begins; when that is a rename,
+    the copy already holds its result, and the change stream from T must not fold it again
+    (it would clear the target's copied rows and move none)."""
+    db = client[db_name]
+    db.a.insert_many([{"_id": k} for k in range(5)])
+    db.a.rename("b")  # the newest operation: the snapshot's T
+    stream = make_stream(collection=None, start="snapshot")
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    got = {(r._tm_coll, r._tm_key) for r in rows}
+    assert got == {("b", key) for key in source_state(raw_client, db_name, "b")}
+    assert len(got) == 5
+
+
 def test_a_rename_during_a_database_snapshots_copy_keeps_current_equal_to_the_source(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
+    """The copy reads collections by name long after T: one renamed before its copy ended
+    is read in part, or another collection renamed onto its name is read in its stead, and
+    the rename event moves only the rows copied. The copy is begun afresh."""
     db = client[db_name]
     db.a.insert_many([{"_id": k, "v": "a"} for k in range(10)])
     db.x.insert_many([{"_id": k, "v": "x"} for k in range(100, 110)])
@@ -348,6 +363,8 @@ def test_a_rename_during_a_database_snapshots_copy_keeps_current_equal_to_the_so
 
     drain(stream, raw_client, sqlite_store, lake, after_chunk=rename_once)
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    first, second = sqlite_store.snapshots(stream.name)
+    assert (first.status, second.status) == ("superseded", "done")
     transform(spark, sqlite_store, lake, stream)
     rows = read_current(spark, sqlite_store, lake, stream.name).collect()
     got = {(r._tm_coll, r._tm_key): r._tm_document for r in rows}
