@@ -18,7 +18,7 @@ from state.schema import utc_now
 BatchSource = Literal["incremental", "snapshot", "replay"]
 
 # A snapshot is "running" until its last chunk is committed, then "done".
-SnapshotStatus = Literal["running", "done"]
+SnapshotStatus = Literal["running", "done", "superseded"]  # superseded: restarted
 
 # What a transform run wrote for `current`: a base (every row, from a full fold), a delta (the
 # rows of the keys it touched, read merged over its base), or a compaction's new base.

@@ -22,8 +22,18 @@ from state.schema import utc_now
 from tidemark.errors import CheckpointConflict
 
 
-def start_snapshot(conn: Connection, snapshot: SnapshotRecord, actor: str) -> None:
-    """Record `snapshot` and move its stream's checkpoint to the snapshot's time T."""
+def start_snapshot(
+    conn: Connection, snapshot: SnapshotRecord, actor: str, supersedes: str | None = None
+) -> None:
+    """Record `snapshot` and move its stream's checkpoint to the snapshot's time T; the
+    snapshot `supersedes` names, a copy begun afresh, is marked superseded (its chunks are
+    never folded)."""
+    if supersedes is not None:
+        s = schema.snapshots
+        superseded: SnapshotStatus = "superseded"
+        conn.execute(
+            update(s).where(s.c.id == supersedes).values(status=superseded, finished_at=utc_now())
+        )
     conn.execute(
         insert(schema.snapshots).values(
             **{**asdict(snapshot), "namespaces": json.dumps(snapshot.namespaces)}

@@ -271,11 +271,13 @@ class StateStore:
 
     # -- snapshots -----------------------------------------------------------------------
 
-    def start_snapshot(self, lease: Lease, snapshot: SnapshotRecord, actor: str) -> None:
+    def start_snapshot(
+        self, lease: Lease, snapshot: SnapshotRecord, actor: str, supersedes: str | None = None
+    ) -> None:
         """Start `snapshot` in one transaction.
 
         1. Fence the lease.
-        2. Record the snapshot.
+        2. Record the snapshot (and mark the running one it `supersedes` superseded).
         3. Move the checkpoint to the snapshot's time T, recorded in the reset history.
 
         Raises:
@@ -283,7 +285,7 @@ class StateStore:
             StateStoreError: the database failed.
         """
         with self.fenced_transaction("snapshot start", lease, CAPTURE_LEASE_TTL) as conn:
-            snapshots.start_snapshot(conn, snapshot, actor)
+            snapshots.start_snapshot(conn, snapshot, actor, supersedes)
 
     def commit_snapshot_chunk(
         self, lease: Lease, snapshot: SnapshotRecord, batch: BatchRecord | None, done: bool

@@ -289,6 +289,93 @@ def test_a_max_key_id_after_the_first_chunk_is_copied(
     assert got == _raw_source_state(raw_client, db_name, "orders")
 
 
+def test_a_snapshot_copies_only_what_the_streams_pipeline_lets_through(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """A `$match` that leaves a collection out (or some documents) leaves them out of the copy
+    too: the stream never sees their changes, so rows copied from them would stay in
+    `current` forever, however the source changes."""
+    db = client[db_name]
+    db.orders.insert_many([{"_id": k, "state": "open" if k % 3 else "closed"} for k in range(9)])
+    db.audit.insert_many([{"_id": k, "state": "open"} for k in range(5)])
+    stream = make_stream(
+        collection=None,
+        start="snapshot",
+        snapshot_chunk_size=4,
+        pipeline=[{"$match": {"ns.coll": "orders", "fullDocument.state": {"$ne": "closed"}}}],
+    )
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    copied = [
+        (row["coll"], row["document_key"])
+        for batch in sqlite_store.batches(stream.name, source="snapshot")
+        for f in batch.files
+        for row in pq.read_table(lake / f.path).to_pylist()
+        if row["operation_type"] == "snapshot"
+    ]
+    assert sorted(copied) == sorted(
+        ("orders", canonical(bson.encode({"_id": k}))) for k in [1, 2, 4, 5, 7, 8]
+    )
+    db.audit.delete_many({})  # the stream never sees these deletes
+    db.orders.insert_one({"_id": 100, "state": "open"})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    assert {(r._tm_coll, r._tm_key) for r in rows} == {
+        ("orders", canonical(bson.encode({"_id": k}))) for k in [1, 2, 4, 5, 7, 8, 100]
+    }
+
+
+def test_a_snapshot_taken_right_after_a_rename_keeps_the_renamed_collection(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """The snapshot's time T is the newest operation when it begins; when that is a rename,
+    the copy already holds its result, and the change stream from T must not fold it again
+    (it would clear the target's copied rows and move none)."""
+    db = client[db_name]
+    db.a.insert_many([{"_id": k} for k in range(5)])
+    db.a.rename("b")  # the newest operation: the snapshot's T
+    stream = make_stream(collection=None, start="snapshot")
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    got = {(r._tm_coll, r._tm_key) for r in rows}
+    assert got == {("b", key) for key in source_state(raw_client, db_name, "b")}
+    assert len(got) == 5
+
+
+def test_a_rename_during_a_database_snapshots_copy_keeps_current_equal_to_the_source(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """The copy reads collections by name long after T: one renamed before its copy ended
+    is read in part, or another collection renamed onto its name is read in its stead, and
+    the rename event moves only the rows copied. The copy is begun afresh."""
+    db = client[db_name]
+    db.a.insert_many([{"_id": k, "v": "a"} for k in range(10)])
+    db.x.insert_many([{"_id": k, "v": "x"} for k in range(100, 110)])
+    stream = make_stream(collection=None, start="snapshot", snapshot_chunk_size=4)
+    renamed = []
+
+    def rename_once(snapshot) -> None:
+        if not renamed:  # one chunk of a copied: a's other documents and all of x's are not
+            renamed.append(snapshot.chunks)
+            db.a.rename("c")
+            db.x.rename("a")
+
+    drain(stream, raw_client, sqlite_store, lake, after_chunk=rename_once)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    first, second = sqlite_store.snapshots(stream.name)
+    assert (first.status, second.status) == ("superseded", "done")
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    got = {(r._tm_coll, r._tm_key): r._tm_document for r in rows}
+    want = {
+        (coll, key): doc
+        for coll in ("a", "c")
+        for key, doc in source_state(raw_client, db_name, coll).items()
+    }
+    assert got == want
+
+
 def test_chunks_are_bounded_by_bytes_as_well_as_by_count(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):

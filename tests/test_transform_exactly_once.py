@@ -236,6 +236,49 @@ def test_a_collection_streams_collection_renamed_away_leaves_current(
     }
 
 
+def test_a_collection_replaced_by_a_rename_into_it_is_copied_afresh(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """A rename onto the watched collection (dropTarget, or an $out) brings documents that were
+    never events of a collection stream (the stream sees the rename and its invalidate only),
+    from the same database or another one: the drain copies the collection again."""
+    other = f"{db_name}_other"
+    stream = make_stream()  # on_invalidate: continue
+    drain(stream, raw_client, sqlite_store, lake)
+    db = client[db_name]
+    db.orders.insert_many([{"_id": i, "v": "orders"} for i in range(3)])
+    db.staged.insert_many([{"_id": i, "v": "staged"} for i in range(2, 6)])
+    client[other].imported.insert_many([{"_id": i, "v": "imported"} for i in range(5, 9)])
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    try:
+        db.staged.rename("orders", dropTarget=True)
+        db.orders.insert_one({"_id": 100})
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        assert got == source_state(raw_client, db_name, "orders")
+
+        admin = client.admin
+        admin.command(
+            "renameCollection", f"{other}.imported", to=f"{db_name}.orders", dropTarget=True
+        )
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        assert got == source_state(raw_client, db_name, "orders") and len(got) == 4
+
+        # $out onto the collection is the same rename, from a temporary collection.
+        db.staged.insert_many([{"_id": i, "v": "rebuilt"} for i in range(20, 23)])
+        db.staged.aggregate([{"$match": {}}, {"$out": "orders"}])
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        assert got == source_state(raw_client, db_name, "orders") and len(got) == 3
+    finally:
+        client.drop_database(other)
+
+
 def test_a_database_stream_moves_renames_inside_it_and_drops_renames_out_of_it(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):

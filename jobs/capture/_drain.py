@@ -75,6 +75,8 @@ class DrainResult:
     duration_s: float
     checkpoint_version: int | None = None
     snapshot: SnapshotRecord | None = None  # the snapshot this run copied chunks of, if any
+    # A rename replaced the watched collection (its position was not moved: a copy is due).
+    collection_replaced: bool = False
 
     @property
     def file_bytes(self) -> int:
@@ -174,7 +176,7 @@ def drain(
             if snapshot is not None and snapshot.status != "done":
                 return _snapshot_result(stream, snapshot, started_at, clock)
             try:
-                return _incremental(
+                result = _incremental(
                     stream,
                     client,
                     store,
@@ -190,10 +192,16 @@ def drain(
             except HistoryLost:
                 if stream.on_history_lost != "resnapshot" or attempt == 2:
                     raise
-                snapshot = begin_snapshot(stream, client, store, lease, "history lost")
-                snapshot = copy_chunks(
-                    stream, client, store, lake_root, lease, snapshot, after_chunk, progress
-                )
+                reason = "history lost"
+            else:
+                # A second rename-in after the copy: the unmoved position redoes it next run.
+                if not result.collection_replaced or attempt == 2:
+                    return result
+                reason = "collection replaced by a rename"
+            snapshot = begin_snapshot(stream, client, store, lease, reason)
+            snapshot = copy_chunks(
+                stream, client, store, lake_root, lease, snapshot, after_chunk, progress
+            )
         raise AssertionError("unreachable: the second attempt returns or raises")
     finally:
         # When the state store itself failed, its error is the one to show; the lease then
@@ -319,9 +327,13 @@ def _incremental(
     token_json = token_to_json(got.token) if got.token is not None else None
     token_ts = token_cluster_time(got.token) if got.token is not None else None
     position = None
+    # The documents a rename brought into the watched collection were never events of this
+    # stream: only a copy has them. The position stays before the rename until the copy has
+    # begun (it moves the position itself), so a crash in between redoes this.
+    replaced = stream.on_invalidate == "continue" and got.renamed_into(stream)
     # An unchanged token keeps its flag: a stream opened with startAfter at an invalidate
     # reports that same token until something new arrives.
-    if token_json is not None and token_json != checkpoint.token:
+    if token_json is not None and token_json != checkpoint.token and not replaced:
         position = NewPosition(
             token=token_json,
             token_is_invalidate=got.invalidated,
@@ -350,4 +362,5 @@ def _incremental(
         or (unpack_ts(checkpoint.cluster_time) if checkpoint.cluster_time else None),
         checkpoint_version=version,
         snapshot=snapshot,
+        collection_replaced=replaced,
     )

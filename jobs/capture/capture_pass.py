@@ -87,6 +87,17 @@ class Capture:
     token: Any = None  # the resume token after the last event consumed
     stop: StopReason | None = None  # set by every return of `capture`
     invalidated: bool = False
+    # (db, coll, to db, to coll) of each rename consumed: a rename into a collection stream's
+    # collection brings documents the stream never saw (`renamed_into`).
+    renames: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def renamed_into(self, stream: StreamConfig) -> bool:
+        """True when a rename replaced the collection of a collection stream with another
+        collection, whose documents were never events of this stream."""
+        if stream.scope != "collection":
+            return False  # a database or cluster stream saw those documents (or their copy)
+        watched = (stream.database, stream.collection)
+        return any(r[:2] != watched and r[2:] == watched for r in self.renames)
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,23 @@ def _first_past_end(
         else:
             low = middle + 1
     return low
+
+
+# A rename's operationType element as it sits in BSON: a reply without it holds no rename.
+_RENAME = b"\x02operationType\x00\x07\x00\x00\x00rename\x00"
+
+
+def _renames(events: RawDocuments) -> list[tuple[str, str, str, str]]:
+    """The namespaces of the renames among `events` (one search per reply; rarely a walk)."""
+    end = int(events.starts[-1] + events.sizes[-1])
+    if events.buffer.find(_RENAME, int(events.starts[0]), end) < 0:
+        return []
+    found = []
+    for event in events:
+        if event["operationType"] == "rename":
+            ns, to = event["ns"], event["to"]
+            found.append((ns["db"], ns["coll"], to["db"], to["coll"]))
+    return found
 
 
 def _budget_cut(
@@ -211,6 +239,7 @@ def capture(
         if take:
             consumed = events[:take]
             writer.add(consumed)
+            got.renames += _renames(consumed)
             got.events += take
             got.bytes += consumed.nbytes
             if counted is not None:

@@ -36,8 +36,10 @@ from bson import MaxKey, MinKey, Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.database import Database
+from pymongo.errors import OperationFailure
 
 from jobs.capture._bson import RawDocuments, elements
+from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
 from jobs.progress import Meter, ProgressCallback
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
@@ -69,6 +71,18 @@ def namespaces(client: MongoClient, stream: StreamConfig) -> list[tuple[str, str
     return found
 
 
+def just_after(newest: Timestamp) -> Timestamp:
+    """The snapshot's time T: just after the newest operation when the copy begins.
+
+    The copy holds the result of every operation up to `newest`, the one at `newest` too, so
+    the change stream goes on after it and the snapshot's rows sort after its event: folded
+    again (drained, or replayed late) a rename or drop at `newest` would clear the rows the
+    copy holds for its target and move none."""
+    if newest.inc < 0xFFFFFFFF:
+        return Timestamp(newest.time, newest.inc + 1)
+    return Timestamp(newest.time + 1, 0)
+
+
 def begin_snapshot(
     stream: StreamConfig,
     client: MongoClient,
@@ -76,8 +90,9 @@ def begin_snapshot(
     lease: Lease,
     reason: str,
     actor: str = "tidemark",
+    supersedes: str | None = None,
 ) -> SnapshotRecord:
-    at = cluster_time(client)
+    at = just_after(cluster_time(client))
     snapshot = SnapshotRecord(
         id=new_batch_id(),
         stream=stream.name,
@@ -92,7 +107,7 @@ def begin_snapshot(
         status="running",
         started_at=datetime.now(UTC),
     )
-    store.start_snapshot(lease, snapshot, actor)
+    store.start_snapshot(lease, snapshot, actor, supersedes)
     return snapshot
 
 
@@ -124,6 +139,56 @@ def _row(at: Timestamp, suffix: str, db: str, coll: str, chunk_row: tuple[bytes,
             "fullDocument": RawBSONDocument(document),
         }
     )
+
+
+# A command holds at most 16 MB: the pipeline's probes go to the server in parts below that.
+_PROBE_BYTES = 8 << 20
+
+
+def passed_by_pipeline(
+    client: MongoClient,
+    stream: StreamConfig,
+    at: Timestamp,
+    db: str,
+    coll: str,
+    rows: list[tuple[bytes, bytes]],
+) -> set[int]:
+    """Indexes of the rows whose insert event the stream's pipeline lets through.
+
+    A snapshot row stands for the event that made its document: copying documents the
+    pipeline leaves out would put rows in `current` that no event of the stream ever changes
+    again. The server runs the pipeline itself (`$documents`), so every filter the stream
+    may hold means the same here; without a pipeline every row passes and nothing is sent.
+    """
+    pipeline = stream.mongo_pipeline()
+    if not pipeline:
+        return set(range(len(rows)))
+    passed: set[int] = set()
+    database = client.get_database(db, codec_options=RAW_CODEC)
+    start = 0
+    while start < len(rows):
+        probes: list[RawBSONDocument] = []
+        size, end = 0, start
+        while end < len(rows) and (not probes or size + len(rows[end][1]) < _PROBE_BYTES):
+            key, document = rows[end]
+            probe = {
+                "_id": end,
+                "operationType": "insert",
+                "clusterTime": at,  # the snapshot row's
+                "ns": {"db": db, "coll": coll},
+                "documentKey": RawBSONDocument(key),
+                "fullDocument": RawBSONDocument(document),
+            }
+            probes.append(RawBSONDocument(bson.encode(probe)))
+            size += len(probes[-1].raw)
+            end += 1
+        if len(probes) == 1 and size > _PROBE_BYTES:
+            passed.add(start)  # too large to send back: kept (a stale row, never a lost one)
+        else:
+            query = [{"$documents": probes}, *pipeline, {"$project": {"_id": 1}}]
+            passed.update(d["_id"] for d in database.aggregate(query))
+        start = end
+    return passed
 
 
 def id_key(document: bytes) -> bytes:
@@ -210,6 +275,43 @@ def read_chunk(
     return Chunk(rows, finished=True)
 
 
+class RenameWatch:
+    """The renames in a database or cluster stream's scope since its snapshot's time T.
+
+    The copy reads its collections one after another, long after T, by name: a collection of
+    the copy list renamed before its copy ended is read in part (or not at all, or another
+    collection renamed onto its name is read in its stead), and the rename event, folded
+    later, moves only the rows that were copied. Such a copy is made afresh. A rename of a
+    collection already copied is folded as any event; a collection stream's own renames are
+    folded as drops or copied afresh by the drain."""
+
+    def __init__(self, client: MongoClient, stream: StreamConfig, snapshot: SnapshotRecord):
+        self.client, self.stream = client, stream
+        self.at = unpack_ts(snapshot.cluster_time)
+        self.position: dict[str, Any] = {"start_at_operation_time": self.at}
+        self.sources: set[tuple[str, str]] = set()
+
+    def renamed(self, names: list[tuple[str, str]]) -> bool:
+        """True when one of `names` was renamed since T (read up to now)."""
+        if self.stream.scope == "collection":
+            return False
+        target = self.client if self.stream.database is None else self.client[self.stream.database]
+        try:
+            with target.watch(
+                [{"$match": {"operationType": "rename"}}], max_await_time_ms=50, **self.position
+            ) as events:
+                while events.alive:
+                    event = events.try_next()
+                    if event is None:
+                        break
+                    self.sources.add((event["ns"]["db"], event["ns"]["coll"]))
+                if events.resume_token is not None:
+                    self.position = {"start_after": events.resume_token}
+        except OperationFailure as exc:
+            raise translate(exc, self.stream.name, self.client, self.at) from None
+        return any(tuple(name) in self.sources for name in names)
+
+
 def copy_chunks(
     stream: StreamConfig,
     client: MongoClient,
@@ -228,6 +330,7 @@ def copy_chunks(
         meter.enter("copy", total=estimated_documents(client, snapshot))
     max_seconds = stream.budget.max_seconds
     at = unpack_ts(snapshot.cluster_time)
+    renames = RenameWatch(client, stream, snapshot)
     while snapshot.status != "done":
         if max_seconds and time.monotonic() - clock >= max_seconds:
             meter.finish()
@@ -245,10 +348,24 @@ def copy_chunks(
             chunk = read_chunk(
                 database, coll, after, stream.snapshot_chunk_size, stream.snapshot_chunk_bytes
             )
+            # After the read: a rename before it shows now; one after it finds the collection
+            # read whole so far, and is seen at its next chunk (or it was copied through).
+            if renames.renamed(snapshot.namespaces[snapshot.namespace_index :]):
+                reason = "restarted: a collection it copies was renamed"
+                snapshot = begin_snapshot(
+                    stream, client, store, lease, reason, supersedes=snapshot.id
+                )
+                at, renames = (
+                    unpack_ts(snapshot.cluster_time),
+                    RenameWatch(client, stream, snapshot),
+                )
+                continue
             first = snapshot.documents
+            passed = passed_by_pipeline(client, stream, at, db, coll, chunk.rows)
             raws += [
                 _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, row)
                 for n, row in enumerate(chunk.rows)
+                if n in passed
             ]
         moved = replace(
             snapshot,
