@@ -277,7 +277,9 @@ def _open_invalidated(checkpoint: Checkpoint, stream: StreamConfig) -> None:
             f"Stream {stream.name!r} ended with an invalidate {when}"
             f"({stream.namespace} was dropped or renamed), and "
             "its on_invalidate is 'stop'; everything up to the invalidate is committed.",
-            "Set on_invalidate: continue to follow a re-created collection from there, or "
+            "Set on_invalidate: continue to follow a re-created collection from there; if "
+            "another collection was renamed onto it, its documents were never events of the "
+            f"stream: then also run `tidemark resnapshot {stream.name}` to copy them. Or "
             f"`tidemark reset {stream.name} --to-now` to start afresh.",
         )
 
