@@ -77,9 +77,15 @@ def covered_until(token: Mapping[str, Any] | str | None) -> Timestamp | None:
     at = token_cluster_time(data)
     if at is None or data is None:
         return None
-    if data[18:20] == "2B" and data[22:24] == "29":
+    if is_high_water_mark(data):
         return next_tick(at)
     return at
+
+
+def is_high_water_mark(token: Mapping[str, Any] | str | None) -> bool:
+    """True for a high-water-mark token (type 0, byte 0x29, right after the version)."""
+    data = token if isinstance(token, str) else token_data(token)
+    return data is not None and data[18:20] == "2B" and data[22:24] == "29"
 
 
 def next_tick(ts: Timestamp) -> Timestamp:

@@ -47,6 +47,7 @@ from tidemark.config import StreamConfig
 from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
 from tidemark.tokens import (
     datetime_to_ts,
+    is_high_water_mark,
     pack_ts,
     token_cluster_time,
     token_from_json,
@@ -335,7 +336,18 @@ def _incremental(
     replaced = stream.on_invalidate == "continue" and got.renamed_into(stream)
     # An unchanged token keeps its flag: a stream opened with startAfter at an invalidate
     # reports that same token until something new arrives.
-    if token_json is not None and token_json != checkpoint.token and not replaced:
+    # A stream opened at a snapshot's time T (just after the newest operation) answers with a
+    # high-water mark at T before any operation at T exists. Unlike a mark at an operation's
+    # time, it does not cover an event at T that comes later (the server resumes before
+    # one): the position stays at T until the stream has gone past it.
+    ahead = (
+        not got.events
+        and checkpoint.token is None
+        and token_ts is not None
+        and pack_ts(token_ts) == checkpoint.start_at_operation_time
+        and is_high_water_mark(got.token)
+    )
+    if token_json is not None and token_json != checkpoint.token and not (replaced or ahead):
         position = NewPosition(
             token=token_json,
             token_is_invalidate=got.invalidated,

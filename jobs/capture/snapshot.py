@@ -17,6 +17,10 @@ Event ids of snapshot rows are `82<T>!<snapshot>:<n>`: the resume-token prefix o
 '!', which sorts before every hex digit of a real token at T. A `snapshot_start` row opens each
 snapshot and clears the namespace in `current`, so a re-snapshot also removes documents deleted
 while the stream's position was lost.
+
+Long because the copy's three guards belong with the copy they guard: T just after the newest
+operation, the stream's own pipeline run over each chunk, and the watch for renames that would
+have the copy read a collection in part or under another's name.
 """
 
 from __future__ import annotations
