@@ -31,7 +31,7 @@ from resources.mongo import connect
 from tests.helpers.oplog import roll_oplog_past
 from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state
 from tidemark.errors import HistoryLost
-from tidemark.tokens import CANONICAL
+from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json, unpack_ts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -433,3 +433,24 @@ def test_a_position_stored_by_an_earlier_version_resumes(client, raw_client, db_
     assert chunk.finished and chunk.rows == []
     chunk = read_chunk(database, "orders", bson.encode({"_id": 1}), 10, 1 << 20)
     assert chunk.finished and [key for key, _ in chunk.rows] == [bson.encode({"_id": MaxKey()})]
+
+
+def test_the_snapshots_own_time_stays_the_position_until_the_stream_passes_it(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """T lies just after the newest operation: a stream opened there on an idle server answers
+    with a high-water mark at T itself, which does not cover an event at T still to come
+    (the server resumes before one), so it is never stored as the position."""
+    client[db_name]["orders"].insert_many([{"_id": k} for k in range(3)])
+    stream = make_stream(start="snapshot")
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)  # the copy, then the stream
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)  # nothing new
+    snapshot = sqlite_store.snapshots(stream.name)[-1]
+    checkpoint = sqlite_store.checkpoint(stream.name)
+    assert checkpoint is not None
+    if checkpoint.token is None:
+        assert checkpoint.start_at_operation_time == snapshot.cluster_time
+    else:  # the server's periodic no-op went past T: a mark at an operation's time
+        assert token_cluster_time(token_from_json(checkpoint.token)) != unpack_ts(
+            snapshot.cluster_time
+        )
