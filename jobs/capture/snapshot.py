@@ -50,7 +50,7 @@ from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
 from resources.mongo import RAW_CODEC, cluster_time
 from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
-from tidemark.tokens import pack_ts, unpack_ts
+from tidemark.tokens import next_tick, pack_ts, unpack_ts
 
 
 def snapshot_event_id(at: Timestamp, suffix: str) -> str:
@@ -75,18 +75,6 @@ def namespaces(client: MongoClient, stream: StreamConfig) -> list[tuple[str, str
     return found
 
 
-def just_after(newest: Timestamp) -> Timestamp:
-    """The snapshot's time T: just after the newest operation when the copy begins.
-
-    The copy holds the result of every operation up to `newest`, the one at `newest` too, so
-    the change stream goes on after it and the snapshot's rows sort after its event: folded
-    again (drained, or replayed late) a rename or drop at `newest` would clear the rows the
-    copy holds for its target and move none."""
-    if newest.inc < 0xFFFFFFFF:
-        return Timestamp(newest.time, newest.inc + 1)
-    return Timestamp(newest.time + 1, 0)
-
-
 def begin_snapshot(
     stream: StreamConfig,
     client: MongoClient,
@@ -96,7 +84,11 @@ def begin_snapshot(
     actor: str = "tidemark",
     supersedes: str | None = None,
 ) -> SnapshotRecord:
-    at = just_after(cluster_time(client))
+    # T is just after the newest operation: the copy holds the result of every operation up to
+    # it, that one too, so the change stream goes on after it and the snapshot's rows sort
+    # after its event: folded again (drained, or replayed late) a rename or drop at it would
+    # clear the rows the copy holds for its target and move none.
+    at = next_tick(cluster_time(client))
     snapshot = SnapshotRecord(
         id=new_batch_id(),
         stream=stream.name,

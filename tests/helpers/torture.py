@@ -51,7 +51,13 @@ from state import StateStore, TransformState
 from tests.helpers.oracle import burst, canonical, make_doc
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseHeld, StreamInvalidated, TidemarkError
-from tidemark.tokens import covered_until, pack_ts, token_from_json, unpack_ts
+from tidemark.tokens import (
+    covered_until,
+    is_high_water_mark,
+    pack_ts,
+    token_from_json,
+    unpack_ts,
+)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CRUD = ["insert", "update", "replace", "delete"]
@@ -812,7 +818,7 @@ def matches(stream: StreamConfig, event: Ref) -> bool:
 def covers(token: str, event: Ref) -> bool:
     """Whether a stored resume token says `event` is consumed."""
     data = token_from_json(token)["_data"]
-    if data[18:20] == "2B" and data[22:24] == "29":  # a high-water mark: its time is covered
+    if is_high_water_mark(data):  # a high-water mark: its time is covered
         until = covered_until(data)
         return until is not None and event.ts < pack_ts(until)
     return event.data <= data
