@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import bsonjs
+import numpy as np
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
+
+from jobs.bson_buffer import DOCUMENT, NULL, BsonBuffer
 
 # Operation types a snapshot writes into the raw zone beside the server's own: a copied document
 # (`snapshot`, folded like an insert) and the barrier that opens a snapshot of a namespace
@@ -99,6 +102,39 @@ def document_bson(raw: bytes) -> tuple[bytes | None, ...]:
         # pymongo 4.18+ hands out sub-documents of 4 KB and more as memoryviews: bytes for bsonjs.
         documents.append(None if value is None else bytes(value.raw))
     return tuple(documents)
+
+
+def events_documents(raw: pa.Array) -> list[tuple[bytes | None, ...]]:
+    """`document_bson` of each event of an Arrow binary array of `raw` values.
+
+    The events' top levels are walked together (`BsonBuffer.locate`, a few array operations
+    per field) rather than inflated one by one in pymongo, which cost more than rendering the
+    document's plain JSON. Any event that walk does not read, or a document field that is
+    neither a document nor null, sends the whole batch through `document_bson`.
+    """
+    n = len(raw)
+    _, offsets_buffer, data = raw.buffers()
+    width = np.dtype(np.int64 if pa.types.is_large_binary(raw.type) else np.int32)
+    offsets = np.frombuffer(offsets_buffer, width, n + 1, raw.offset * width.itemsize)
+    starts = offsets[:-1].astype(np.int64)
+    buffer = BsonBuffer(data.to_pybytes() if data is not None else b"")
+    fields = list(DOCUMENT_FIELDS.values())
+    located = buffer.locate(starts, fields) if n and raw.null_count == 0 else None
+    if located is None or any(
+        not np.isin(located[f].types, (0, NULL, DOCUMENT)).all() for f in fields
+    ):
+        return [document_bson(event) for event in raw.to_pylist()]
+    columns: list[list[bytes | None]] = []
+    for field in fields:
+        column: list[bytes | None] = [None] * n
+        rows = np.flatnonzero(located[field].where(DOCUMENT))
+        at = located[field].offsets[rows]
+        sizes = buffer.int32s(at)
+        whole = buffer.raw
+        for row, start, size in zip(rows.tolist(), at.tolist(), sizes.tolist(), strict=True):
+            column[row] = whole[start : start + size]
+        columns.append(column)
+    return list(zip(*columns, strict=True))
 
 
 def document_json(raw: bytes) -> tuple[str | None, ...]:

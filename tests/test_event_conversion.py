@@ -19,8 +19,8 @@ from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
+from jobs.bson_buffer import RawDocuments, array_documents, elements
 from jobs.capture import drain, drain_until_caught_up
-from jobs.capture._bson import RawDocuments, array_documents, elements
 from jobs.capture._events import array_events_table, events_table, per_event_table
 from jobs.capture.reader import ChangeStreamReader
 from jobs.raw_zone import document_json

@@ -3,8 +3,8 @@
 `drain` moves a stream's checkpoint (taking a snapshot first when one is due), `replay`
 re-reads an operation-time window without moving it; both say why they stopped (`StopReason`).
 Both are one capture pass (`capture_pass`) over the change-stream reader (`reader`, its resume
-rules in `resume`), written by `writer`; the BSON walker and the event conversion are private
-(`_bson`, `_events`).
+rules in `resume`), written by `writer`; the event conversion is private (`_events`), over the
+BSON walker that the transform shares (`jobs.bson_buffer`).
 """
 
 from jobs.capture._drain import DrainResult, drain, drain_until_caught_up

@@ -6,7 +6,7 @@ documents themselves (post- and pre-image, update description) stay inside `raw`
 canonical JSON costs more per event than the server takes to produce the event, so it is made
 by the transform, in parallel and off the capture path (`document_json`).
 
-`array_events_table` reads a whole reply with array operations (`jobs.capture._bson`), ~3 us an
+`array_events_table` reads a whole reply with array operations (`jobs.bson_buffer`), ~3 us an
 event; `per_event_table` decodes each event with pymongo, ~20 us. They give the same table
 (tests/test_event_conversion.py); the second takes the replies the first does not read.
 """
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from bson.raw_bson import RawBSONDocument
 
-from jobs.capture._bson import (
+from jobs.bson_buffer import (
     BINARY,
     DATETIME,
     DOCUMENT,
@@ -114,7 +114,7 @@ class EventColumns:
 
 def events_table(docs: RawDocuments) -> pa.Table:
     """Change events -> the raw zone's table. Whole buffers are read with array operations
-    (`jobs.capture._bson`); a reply holding anything that path does not read takes the
+    (`jobs.bson_buffer`); a reply holding anything that path does not read takes the
     per-event path (`EventColumns`), which gives the same table for every event both read."""
     table = array_events_table(docs)
     return per_event_table(docs) if table is None else table

@@ -29,7 +29,7 @@ from typing import Any
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from jobs.capture._bson import RawDocuments, elements, int32_at
+from jobs.bson_buffer import RawDocuments, elements, int32_at
 from jobs.capture.reader import Reply
 from resources.mongo import RAW_CODEC
 from tidemark.errors import TidemarkError

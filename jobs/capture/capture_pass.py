@@ -31,7 +31,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from jobs.capture._bson import RawDocuments
+from jobs.bson_buffer import RawDocuments
 from jobs.capture._fragments import server_splits, whole_events
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.server_errors import translate

@@ -30,7 +30,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from jobs.capture._bson import INT32, RawDocuments, array_documents, elements, int32_at, int64_at
+from jobs.bson_buffer import INT32, RawDocuments, array_documents, elements, int32_at, int64_at
 from jobs.capture.resume import ResumeState
 from resources.mongo import RAW_CODEC
 from tidemark.tokens import covered_until, next_tick, token_cluster_time

@@ -42,7 +42,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 from pymongo.errors import OperationFailure
 
-from jobs.capture._bson import RawDocuments, elements
+from jobs.bson_buffer import RawDocuments, elements
 from jobs.capture.server_errors import translate
 from jobs.capture.writer import RawBatchWriter
 from jobs.progress import Meter, ProgressCallback

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.capture._bson import RawDocuments, int64_values, mask
+from jobs.bson_buffer import RawDocuments, int64_values, mask
 from jobs.capture._events import events_table
 from jobs.lake import relative, write_parquet_atomic
 from jobs.raw_zone import raw_partition

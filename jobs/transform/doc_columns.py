@@ -31,7 +31,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, document_json
+from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
 from jobs.transform.fold import PLAIN_JSON, STATE_COLUMNS
 
@@ -48,8 +48,15 @@ DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(PLAIN_JSON,
 
 def documents_json(raw: bytes) -> tuple[str | None, ...]:
     """`document_json(raw)` and `flatten` of its full document, the BSON parsed once."""
-    documents = document_bson(raw)
-    canonical = [None if d is None else bsonjs.dumps(d, mode=bsonjs.CANONICAL) for d in documents]
+    return _rendered(document_bson(raw))
+
+
+def _canonical(documents: tuple[bytes | None, ...]) -> tuple[str | None, ...]:
+    return tuple(None if d is None else bsonjs.dumps(d, mode=bsonjs.CANONICAL) for d in documents)
+
+
+def _rendered(documents: tuple[bytes | None, ...]) -> tuple[str | None, ...]:
+    canonical = _canonical(documents)
     return (*canonical, plain_json(documents[0], canonical[0]))
 
 
@@ -63,13 +70,13 @@ def _struct(rows: list[tuple[str | None, ...]], schema: StructType) -> pa.Struct
 @arrow_udf(DOCUMENTS_TYPE)
 def documents_udf(raw: pa.Array) -> pa.Array:
     """The events' canonical documents and plain JSON, from the raw zone's BSON bytes."""
-    return _struct([documents_json(r) for r in raw.to_pylist()], DOCUMENTS_TYPE)
+    return _struct([_rendered(d) for d in events_documents(raw)], DOCUMENTS_TYPE)
 
 
 @arrow_udf(DOCUMENT_JSON_TYPE)
 def document_json_udf(raw: pa.Array) -> pa.Array:
     """The events' documents as canonical Extended JSON, from the raw zone's BSON bytes."""
-    return _struct([document_json(r) for r in raw.to_pylist()], DOCUMENT_JSON_TYPE)
+    return _struct([_canonical(d) for d in events_documents(raw)], DOCUMENT_JSON_TYPE)
 
 
 @arrow_udf(StringType())

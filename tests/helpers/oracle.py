@@ -172,7 +172,7 @@ def commit_raw_batch(store: Any, lake: Any, stream: str, raws: list[bytes], sour
     (no checkpoint move, as a replay's)."""
     from datetime import timedelta
 
-    from jobs.capture._bson import RawDocuments
+    from jobs.bson_buffer import RawDocuments
     from jobs.capture.writer import RawBatchWriter
     from state import BatchRecord, new_batch_id
 

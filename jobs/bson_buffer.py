@@ -1,5 +1,8 @@
 """Many BSON documents read at once: their top-level fields located with numpy, not per object.
 
+Capture reads server replies with it; the transform finds the documents inside the raw
+zone's events with it (`jobs.raw_zone.events_documents`).
+
 A change-stream reply carries a thousand events in one buffer. Decoding each event into a
 Python object (even pymongo's lazy RawBSONDocument, whose top level is inflated in C) cost more
 client time per event than the server spends producing it. Here the documents are walked in
