@@ -116,8 +116,11 @@ def events_documents(raw: pa.Array) -> list[tuple[bytes | None, ...]]:
     _, offsets_buffer, data = raw.buffers()
     width = np.dtype(np.int64 if pa.types.is_large_binary(raw.type) else np.int32)
     offsets = np.frombuffer(offsets_buffer, width, n + 1, raw.offset * width.itemsize)
-    starts = offsets[:-1].astype(np.int64)
-    buffer = BsonBuffer(data.to_pybytes() if data is not None else b"")
+    # Only the bytes of these events (a slice of a larger array shares its buffer).
+    first = int(offsets[0]) if n else 0
+    starts = offsets[:-1].astype(np.int64) - first
+    events = data.slice(first, int(offsets[-1]) - first) if n and data is not None else None
+    buffer = BsonBuffer(events.to_pybytes() if events is not None else b"")
     fields = list(DOCUMENT_FIELDS.values())
     located = buffer.locate(starts, fields) if n and raw.null_count == 0 else None
     if located is None or any(
