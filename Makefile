@@ -8,7 +8,7 @@ MONGOD_MATRIX := $(VENV)/mongod-6.0.27/.installed
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test test-fast soak ui workload browser install lint format check-python check-java mongod-stop spark-start spark-stop clean
+.PHONY: demo test test-fast soak ui workload browser postgres install lint format check-python check-java mongod-stop spark-start spark-stop clean
 
 # demo and ui run Spark on the long-lived local Connect server (`tidemark spark start`, once,
 # 10-20 s) and point TIDEMARK_SPARK_REMOTE at it; it keeps running for the next runs.
@@ -17,7 +17,7 @@ export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 demo: check-java install spark-start
 	$(BIN)/tidemark demo
 
-test: check-java install browser
+test: check-java install browser postgres
 	$(BIN)/pytest
 
 # The fast tier: the tests marked `fast`, which need no mongod and no Spark (seconds, not minutes).
@@ -36,6 +36,16 @@ browser:
 	      echo "Installing Chromium (Debian package) for the UI test ..."; \
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	    else echo "Chromium is not installed: the UI test will be skipped (apt-get install chromium)."; fi; }
+
+# PostgreSQL for the state-store tests, which start a server of their own from its binaries:
+# installed from Debian's packages when missing (as root); elsewhere those tests are skipped
+# unless TIDEMARK_REQUIRE_POSTGRES=1.
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      echo "Installing PostgreSQL (Debian package) for the state-store tests ..."; \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	    else echo "PostgreSQL is not installed: its state-store tests will be skipped (apt-get install postgresql)."; fi; }
 
 ui: check-java install spark-start
 	$(BIN)/tidemark ui

@@ -1,6 +1,7 @@
 """Shared fixtures: one real mongod replica set per session, fresh databases per test, and the
-state store on SQLite and on PostgreSQL (TIDEMARK_TEST_POSTGRES_URL; required when
-TIDEMARK_REQUIRE_POSTGRES=1, as in CI, so those tests can never be skipped silently)."""
+state store on SQLite and on PostgreSQL (a server of the session's own, or
+TIDEMARK_TEST_POSTGRES_URL; required when TIDEMARK_REQUIRE_POSTGRES=1, as in CI, so those tests
+can never be skipped silently)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from resources.mongo import connect
 from state import StateStore
 from state.engine import normalize_url
 from tests.helpers.credentials import SECRET
+from tests.helpers.postgres_server import PostgresUnavailable, start_postgres, stop_postgres
 from tidemark.config import StreamConfig
 from tidemark.errors import EmbeddedMongoError
 
@@ -114,21 +116,35 @@ def lake(tmp_path: Path) -> Path:
     return tmp_path / "lake"
 
 
-def postgres_url() -> str | None:
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str | None]:
+    """TIDEMARK_TEST_POSTGRES_URL when set; else a PostgreSQL server of the session's own
+    (tests/helpers/postgres_server.py). Where none can start, the PostgreSQL tests skip, except
+    with TIDEMARK_REQUIRE_POSTGRES=1 (CI), where they fail."""
     url = os.environ.get(POSTGRES_ENV)
-    if not url:
+    if url:
+        yield url
+        return
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as exc:
         if os.environ.get("TIDEMARK_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"{POSTGRES_ENV} is not set but TIDEMARK_REQUIRE_POSTGRES=1 (CI).")
-        return None
-    return url
+            pytest.fail(f"PostgreSQL is required (TIDEMARK_REQUIRE_POSTGRES=1) but: {exc}")
+        yield None
+        return
+    yield server.url
+    stop_postgres(server)
 
 
 @pytest.fixture
-def pg_schema_url() -> Iterator[str]:
+def pg_schema_url(postgres_url: str | None) -> Iterator[str]:
     """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
-    base = postgres_url()
+    base = postgres_url
     if base is None:
-        pytest.skip(f"set {POSTGRES_ENV} to run the PostgreSQL state-store tests")
+        pytest.skip(
+            "no PostgreSQL here (apt-get install postgresql, or set "
+            f"{POSTGRES_ENV}) for the PostgreSQL state-store tests"
+        )
     schema = f"tm_{uuid.uuid4().hex[:10]}"
     admin = create_engine(normalize_url(base))
     try:
