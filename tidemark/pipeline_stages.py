@@ -258,7 +258,12 @@ def _inside(path: Any, value: Any, paths: list[str]) -> dict[str, Any]:
     }
 
 
-def _remove(segments: list[str], value: Any, depth: int) -> dict[str, Any]:
+# How deep arrays nested in arrays are followed at one segment of a path (an expression can
+# not recurse, so each level is written out).
+_ARRAY_LEVELS = 2
+
+
+def _remove(segments: list[str], value: Any, depth: int, arrays: int = _ARRAY_LEVELS) -> Any:
     """`value` without the field at `segments`, followed into arrays as `$unset` does."""
     here, element = f"x{depth}", f"e{depth}"
     field = {"$literal": segments[0]}
@@ -273,27 +278,21 @@ def _remove(segments: list[str], value: Any, depth: int) -> dict[str, Any]:
         }
     else:
         in_document = {"$unsetField": {"field": field, "input": f"$${here}"}}
+    branches: list[dict[str, Any]] = [
+        {"case": {"$eq": [{"$type": f"$${here}"}, "missing"]}, "then": "$$REMOVE"},
+        {"case": {"$eq": [{"$type": f"$${here}"}, "object"]}, "then": in_document},
+    ]
+    if arrays:
+        each = _remove(segments, f"$${element}", depth + 1, arrays - 1)
+        branches.append(
+            {
+                "case": {"$isArray": f"$${here}"},
+                "then": {"$map": {"input": f"$${here}", "as": element, "in": each}},
+            }
+        )
     return {
         "$let": {
             "vars": {here: value},
-            "in": {
-                "$switch": {
-                    "branches": [
-                        {"case": {"$eq": [{"$type": f"$${here}"}, "missing"]}, "then": "$$REMOVE"},
-                        {"case": {"$eq": [{"$type": f"$${here}"}, "object"]}, "then": in_document},
-                        {
-                            "case": {"$isArray": f"$${here}"},
-                            "then": {
-                                "$map": {
-                                    "input": f"$${here}",
-                                    "as": element,
-                                    "in": _remove(segments, f"$${element}", depth + 1),
-                                }
-                            },
-                        },
-                    ],
-                    "default": f"$${here}",
-                }
-            },
+            "in": {"$switch": {"branches": branches, "default": f"$${here}"}},
         }
     }
