@@ -25,6 +25,7 @@ from jobs.capture import drain, drain_until_caught_up, replay
 from jobs.transform import read_current, transform
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
+from tidemark.pipeline_stages import exclusion_stages
 
 SECRET = "zq9secret"  # in every value that must never reach the lake
 KEPT = "zq9kept"  # in every value that must
@@ -227,3 +228,53 @@ def test_exclude_fields_is_part_of_the_definition_fingerprint():
 def test_a_pipeline_that_rewrites_the_documents_id_is_refused(stage):
     with pytest.raises(ValidationError, match=r"fullDocument\._id"):
         StreamConfig(name="s", database="d", collection="c", pipeline=[stage])
+
+
+_VALUES = [
+    {"b": 1, "c": 2},
+    {"c": 2},
+    [{"b": 1, "c": 2}, {"c": 3}, 4, [{"b": 5, "c": 6}], [[{"b": 7}]]],
+    {"b": {"x": 1}, "c": [1, 2]},
+    "plain",
+    None,
+    [],
+]
+
+
+def test_an_updates_values_lose_what_unset_removes_from_the_document(client, db_name):
+    """`$set: {a: v}` gives updatedFields {a: v}: the rewrite of the description must remove
+    from v exactly what the server's `$unset` of `fullDocument.a.b` removes from a document
+    {a: v}, arrays (and arrays in arrays) included."""
+
+    events = [
+        {
+            "_id": n,
+            "fullDocument": {"a": value},
+            "updateDescription": {"updatedFields": {"a": value}, "removedFields": []},
+        }
+        for n, value in enumerate(_VALUES)
+    ]
+    got = list(client[db_name].aggregate([{"$documents": events}, *exclusion_stages(["a.b"])]))
+    assert len(got) == len(_VALUES)
+    for event in got:
+        assert event["updateDescription"]["updatedFields"] == event["fullDocument"]
+    assert got[2]["fullDocument"]["a"][0] == {"c": 2}  # it did remove something
+    assert all(
+        "updateDescription" not in e
+        for e in client[db_name].aggregate(
+            [
+                {"$documents": [{"_id": 0, "fullDocument": {"a": {"b": 1}}}]},
+                *exclusion_stages(["a.b"]),
+            ]
+        )
+    )
+    # Deeper than the rewrite follows arrays: dropped, never kept.
+    deep = [[[[{"b": SECRET}]]]]
+    (event,) = client[db_name].aggregate(
+        [
+            {"$documents": [{"_id": 0, "updateDescription": {"updatedFields": {"a": deep}}}]},
+            *exclusion_stages(["a.b"]),
+        ]
+    )
+    assert SECRET not in str(event)
+    assert "a" in event["updateDescription"]["updatedFields"]

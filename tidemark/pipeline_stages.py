@@ -258,9 +258,10 @@ def _inside(path: Any, value: Any, paths: list[str]) -> dict[str, Any]:
     }
 
 
-# How deep arrays nested in arrays are followed at one segment of a path (an expression can
-# not recurse, so each level is written out).
-_ARRAY_LEVELS = 2
+# How deep arrays nested in arrays are followed at one segment of a path, as `$unset` does (an
+# expression cannot recurse, so each level is written out); an array nested deeper is dropped
+# whole from the update's value (null in its place): a lost value, never a leaked one.
+_ARRAY_LEVELS = 3
 
 
 def _remove(segments: list[str], value: Any, depth: int, arrays: int = _ARRAY_LEVELS) -> Any:
@@ -284,12 +285,10 @@ def _remove(segments: list[str], value: Any, depth: int, arrays: int = _ARRAY_LE
     ]
     if arrays:
         each = _remove(segments, f"$${element}", depth + 1, arrays - 1)
-        branches.append(
-            {
-                "case": {"$isArray": f"$${here}"},
-                "then": {"$map": {"input": f"$${here}", "as": element, "in": each}},
-            }
-        )
+        deeper: Any = {"$map": {"input": f"$${here}", "as": element, "in": each}}
+    else:
+        deeper = "$$REMOVE"
+    branches.append({"case": {"$isArray": f"$${here}"}, "then": deeper})
     return {
         "$let": {
             "vars": {here: value},
