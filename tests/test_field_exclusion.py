@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import bson
 import bsonjs
 import pyarrow.parquet as pq
 import pytest
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 
 from jobs.capture import drain, drain_until_caught_up, replay
 from jobs.transform import read_current, transform
+from tests.helpers.lake_reading import committed_table
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
 from tidemark.pipeline_stages import exclusion_stages
@@ -278,3 +280,17 @@ def test_an_updates_values_lose_what_unset_removes_from_the_document(client, db_
     )
     assert SECRET not in str(event)
     assert "a" in event["updateDescription"]["updatedFields"]
+
+
+def test_a_document_too_large_to_send_back_still_loses_its_removed_fields(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    big = {**_document(1), "blob": "k" * (9 << 20)}  # over the probes' 8 MB: made on the server
+    client[db_name]["orders"].insert_many([_document(0), big])
+    stream = make_stream(start="snapshot", exclude_fields=_EXCLUDED)
+    drain(stream, raw_client, sqlite_store, lake)
+    raws = committed_table(sqlite_store, lake, stream.name).column("raw").to_pylist()
+    documents = [bson.decode(r)["fullDocument"] for r in raws if b"fullDocument" in r]
+    assert sorted(d["_id"] for d in documents) == [0, 1]
+    assert all(SECRET.encode() not in r for r in raws)
+    assert all(KEPT in d["name"] and KEPT in d["address"]["city"] for d in documents)

@@ -192,10 +192,11 @@ def through_pipeline(
                 {"$match": RawBSONDocument(rows[start][0])},
                 _insert_event(start, at, db, coll),
             ]
+            target: Any = database[coll]
         else:
-            query = [{"$documents": probes}]
+            query, target = [{"$documents": probes}], database
         outcome = [*query, *pipeline, {"$project": {"_id": 1, "fullDocument": 1}}]
-        for event in database.aggregate(outcome):
+        for event in target.aggregate(outcome):
             index = event["_id"]
             made[index] = _snapshot_document(stream, db, coll, rows[index][0], event)
         start = end
