@@ -19,7 +19,7 @@ from bson import json_util
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tidemark.errors import ConfigError, UnknownStream
-from tidemark.pipeline_stages import stage_problem
+from tidemark.pipeline_stages import exclusion_stages, stage_problem
 
 SLUG_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 
@@ -95,6 +95,9 @@ class StreamConfig(BaseModel):
     database: Annotated[str, Field(min_length=1)] | None = None
     collection: Annotated[str, Field(min_length=1)] | None = None
     pipeline: list[dict[str, Any]] = Field(default_factory=list)
+    # Dotted paths removed from every document of every event and from snapshot rows, on the
+    # server, before anything is written (tidemark.pipeline_stages.exclusion_stages).
+    exclude_fields: list[str] = Field(default_factory=list)
     full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "updateLookup"
     full_document_before_change: Literal["off", "whenAvailable", "required"] = "off"
     show_expanded_events: bool = False
@@ -138,6 +141,27 @@ class StreamConfig(BaseModel):
             if problem:
                 raise ValueError(f"stage {index} ({json.dumps(stage, default=str)}): {problem}")
         return stages
+
+    @field_validator("exclude_fields")
+    @classmethod
+    def _excludable_paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            segments = path.split(".")
+            problem = None
+            if "" in segments:
+                problem = "it has an empty segment (write dotted paths like address.street)"
+            elif "$" in path or "\x00" in path:
+                problem = "it contains '$' or a null character: name fields, not operators"
+            elif segments[0] == "_id":
+                problem = "_id keys every row of current and cannot be removed"
+            elif any(s.isdigit() for s in segments):
+                problem = (
+                    "an array position cannot be excluded: name the field, the exclusion "
+                    "follows arrays (contacts.phone removes phone from every element)"
+                )
+            if problem:
+                raise ValueError(f"exclude_fields entry {path!r}: {problem}")
+        return paths
 
     @field_validator("database")
     @classmethod
@@ -223,14 +247,18 @@ class StreamConfig(BaseModel):
             # ChangeStreamFatalError). Only the non-default value is named, so the
             # fingerprints of streams defined before the option stay as they were.
             **({} if self.split_large_events else {"split_large_events": False}),
+            # What the server is asked for: named only when set, as above.
+            **({"exclude_fields": self.exclude_fields} if self.exclude_fields else {}),
         }
 
     def fingerprint(self) -> str:
         return definition_fingerprint(self.token_definition())
 
     def mongo_pipeline(self) -> list[dict[str, Any]]:
-        """The pipeline as BSON-ready values: Extended JSON forms such as {"$date": ...} decoded."""
-        return json_util.loads(json.dumps(self.pipeline))
+        """The pipeline as BSON-ready values: Extended JSON forms such as {"$date": ...} decoded,
+        followed by the stages that remove `exclude_fields`."""
+        pipeline: list[dict[str, Any]] = json_util.loads(json.dumps(self.pipeline))
+        return [*pipeline, *exclusion_stages(self.exclude_fields)]
 
 
 class TidemarkConfig(BaseModel):

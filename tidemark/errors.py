@@ -78,3 +78,11 @@ class SparkServerError(SparkUnavailable):
 
 class TransformConflict(TidemarkError):
     """Another transform committed a version of this stream first; nothing was committed."""
+
+
+# --- issue 23, item 1: fields a stream removes (snapshot rows through the pipeline) ---
+
+
+class SnapshotPipelineError(TidemarkError):
+    """The stream's pipeline makes of a snapshot document's insert event something a snapshot
+    row cannot be (no fullDocument, or one with another _id)."""

@@ -45,6 +45,12 @@ def stage_problem(stage: dict[str, Any]) -> str | None:
             return "it rewrites _id, the resume token Tidemark needs to resume exactly"
     if operator in ("$set", "$addFields") and isinstance(spec, dict) and "_id" in spec:
         return "it rewrites _id, the resume token Tidemark needs to resume exactly"
+    if _rewrites_document_id(operator, spec):
+        return (
+            "it removes or rewrites fullDocument._id: current keys each row by the document's "
+            "_id, and a snapshot row is what the pipeline makes of the document's insert event. "
+            "Leave fullDocument._id as it is"
+        )
     dropped = _dropped_fields(operator, spec)
     if dropped:
         reasons = "; ".join(f"it drops {f}, which {_NEEDED_FIELDS[f]}" for f in dropped)
@@ -65,6 +71,25 @@ _NEEDED_FIELDS = {
     "documentKey": "is each document's key: current holds one row per key",
     "to": "holds a rename's target, where the fold moves the renamed collection's documents",
 }
+
+
+def _rewrites_document_id(operator: str, spec: Any) -> bool:
+    """A static $unset, $set, $addFields or $project of fullDocument._id (or inside it). A
+    computed one ($set of fullDocument as a whole) is caught by the snapshot when it runs."""
+
+    def touches(path: Any) -> bool:
+        return isinstance(path, str) and (
+            path == "fullDocument._id" or path.startswith("fullDocument._id.")
+        )
+
+    if operator == "$unset":
+        paths = [spec] if isinstance(spec, str) else list(spec or [])
+        return any(touches(p) for p in paths)
+    if not isinstance(spec, dict):
+        return False
+    if operator == "$project":
+        return any(touches(k) and v not in (1, True) for k, v in spec.items())
+    return operator in ("$set", "$addFields") and any(touches(k) for k in spec)
 
 
 def _dropped_fields(operator: str, spec: Any) -> list[str]:
@@ -91,3 +116,182 @@ def _dropped_fields(operator: str, spec: Any) -> list[str]:
             removed = [k for k in removed if spec[k] == "$$REMOVE"]
         return [f for f in _NEEDED_FIELDS if any(touches(k, f) for k in removed)]
     return []
+
+
+# --- exclude_fields: the stages that remove a stream's excluded fields on the server ---
+#
+# Why on the server rather than in Python when events are converted: the values never leave
+# MongoDB, the snapshot's copy gets the very same stages (it runs the stream's pipeline over
+# each document's insert event), the definition fingerprint covers them as part of the
+# pipeline, and the raw zone's fast path (events kept as the reply's own bytes) stays as it
+# is. An update's description names fields by dotted keys (`address.street`, `contacts.0`),
+# which `$unset` cannot address, so it is rewritten by an expression (MongoDB 5.0+).
+
+
+def exclusion_stages(paths: list[str]) -> list[dict[str, Any]]:
+    """Stages that remove `paths` (validated dotted field paths) from every document of an
+    event: both images (into arrays, as `$unset` does), and from the update description the
+    updated and removed fields and truncated arrays at, under or holding such a path. Array
+    positions in a description's keys (`contacts.0.phone`) are read past, as a path follows
+    arrays; none when `paths` is empty."""
+    if not paths:
+        return []
+    images = [
+        f"{image}.{path}"
+        for path in paths
+        for image in ("fullDocument", "fullDocumentBeforeChange")
+    ]
+    description = {
+        "updatedFields": _when(
+            {"$eq": [{"$type": "$updateDescription.updatedFields"}, "object"]},
+            {
+                "$arrayToObject": {
+                    "$map": {
+                        "input": {
+                            "$filter": {
+                                "input": {"$objectToArray": "$updateDescription.updatedFields"},
+                                "as": "field",
+                                "cond": {"$not": [_excluded(_field_path("$$field.k"), paths)]},
+                            }
+                        },
+                        "as": "field",
+                        "in": {
+                            "k": "$$field.k",
+                            "v": _inside(_field_path("$$field.k"), "$$field.v", paths),
+                        },
+                    }
+                }
+            },
+        ),
+        "removedFields": _when(
+            {"$isArray": "$updateDescription.removedFields"},
+            {
+                "$filter": {
+                    "input": "$updateDescription.removedFields",
+                    "as": "field",
+                    "cond": {"$not": [_excluded(_field_path("$$field"), paths)]},
+                }
+            },
+        ),
+        "truncatedArrays": _when(
+            {"$isArray": "$updateDescription.truncatedArrays"},
+            {
+                "$filter": {
+                    "input": "$updateDescription.truncatedArrays",
+                    "as": "array",
+                    "cond": {"$not": [_excluded(_field_path("$$array.field"), paths)]},
+                }
+            },
+        ),
+    }
+    rewrite = _when(
+        {"$eq": [{"$type": "$updateDescription"}, "object"]},
+        {"$mergeObjects": ["$updateDescription", description]},
+    )
+    return [{"$unset": images}, {"$set": {"updateDescription": rewrite}}]
+
+
+def _when(condition: Any, then: Any) -> dict[str, Any]:
+    # Absent when the condition fails: an insert gets no updateDescription, an update without
+    # truncatedArrays (older servers) no such field.
+    return {"$cond": [condition, then, "$$REMOVE"]}
+
+
+def _field_path(key: Any) -> dict[str, Any]:
+    """A description's dotted key without its array positions: `contacts.0.phone` ->
+    `contacts.phone`."""
+    segments = {
+        "$filter": {
+            "input": {"$split": [key, "."]},
+            "as": "segment",
+            "cond": {"$not": [{"$regexMatch": {"input": "$$segment", "regex": "^[0-9]+$"}}]},
+        }
+    }
+    return {
+        "$reduce": {
+            "input": segments,
+            "initialValue": "",
+            "in": {
+                "$cond": [
+                    {"$eq": ["$$value", ""]},
+                    "$$this",
+                    {"$concat": ["$$value", ".", "$$this"]},
+                ]
+            },
+        }
+    }
+
+
+def _excluded(path: Any, paths: list[str]) -> dict[str, Any]:
+    """`path` is an excluded path or lies under one."""
+    tests = []
+    for excluded in paths:
+        prefix = excluded + "."
+        tests += [
+            {"$eq": [path, excluded]},
+            {"$eq": [{"$substrCP": [path, 0, len(prefix)]}, prefix]},
+        ]
+    return {"$or": tests}
+
+
+def _inside(path: Any, value: Any, paths: list[str]) -> dict[str, Any]:
+    """`value` (set at `path`) without the excluded paths below it: `$set: {address: {...}}`
+    carries `address.street` inside its value."""
+    below: dict[str, list[list[str]]] = {}
+    for excluded in paths:
+        segments = excluded.split(".")
+        for n in range(1, len(segments)):
+            below.setdefault(".".join(segments[:n]), []).append(segments[n:])
+    if not below:
+        return value
+    branches = []
+    for parent, rests in below.items():
+        then: Any = "$$set"
+        for rest in rests:
+            then = _remove(rest, then, 0)
+        branches.append({"case": {"$eq": ["$$path", parent]}, "then": then})
+    return {
+        "$let": {
+            "vars": {"path": path, "set": value},
+            "in": {"$switch": {"branches": branches, "default": "$$set"}},
+        }
+    }
+
+
+# How deep arrays nested in arrays are followed at one segment of a path, as `$unset` does (an
+# expression cannot recurse, so each level is written out); an array nested deeper is dropped
+# whole from the update's value (null in its place): a lost value, never a leaked one.
+_ARRAY_LEVELS = 3
+
+
+def _remove(segments: list[str], value: Any, depth: int, arrays: int = _ARRAY_LEVELS) -> Any:
+    """`value` without the field at `segments`, followed into arrays as `$unset` does."""
+    here, element = f"x{depth}", f"e{depth}"
+    field = {"$literal": segments[0]}
+    if segments[1:]:
+        inner = {"$getField": {"field": field, "input": f"$${here}"}}
+        in_document: Any = {
+            "$setField": {
+                "field": field,
+                "input": f"$${here}",
+                "value": _remove(segments[1:], inner, depth + 1),
+            }
+        }
+    else:
+        in_document = {"$unsetField": {"field": field, "input": f"$${here}"}}
+    branches: list[dict[str, Any]] = [
+        {"case": {"$eq": [{"$type": f"$${here}"}, "missing"]}, "then": "$$REMOVE"},
+        {"case": {"$eq": [{"$type": f"$${here}"}, "object"]}, "then": in_document},
+    ]
+    if arrays:
+        each = _remove(segments, f"$${element}", depth + 1, arrays - 1)
+        deeper: Any = {"$map": {"input": f"$${here}", "as": element, "in": each}}
+    else:
+        deeper = "$$REMOVE"
+    branches.append({"case": {"$isArray": f"$${here}"}, "then": deeper})
+    return {
+        "$let": {
+            "vars": {here: value},
+            "in": {"$switch": {"branches": branches, "default": f"$${here}"}},
+        }
+    }

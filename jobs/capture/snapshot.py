@@ -19,8 +19,10 @@ snapshot and clears the namespace in `current`, so a re-snapshot also removes do
 while the stream's position was lost.
 
 Long because the copy's three guards belong with the copy they guard: T just after the newest
-operation, the stream's own pipeline run over each chunk, and the watch for renames that would
-have the copy read a collection in part or under another's name.
+operation, the stream's own pipeline run over each chunk (a row is the fullDocument the
+pipeline makes of the document's insert event, so a field it removes is never copied), and
+the watch for renames that would have the copy read a collection in part or under another's
+name.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
 from resources.mongo import RAW_CODEC, cluster_time
 from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
+from tidemark.errors import SnapshotPipelineError
 from tidemark.tokens import next_tick, pack_ts, unpack_ts
 
 
@@ -141,25 +144,28 @@ def _row(at: Timestamp, suffix: str, db: str, coll: str, chunk_row: tuple[bytes,
 _PROBE_BYTES = 8 << 20
 
 
-def passed_by_pipeline(
+def through_pipeline(
     client: MongoClient,
     stream: StreamConfig,
     at: Timestamp,
     db: str,
     coll: str,
     rows: list[tuple[bytes, bytes]],
-) -> set[int]:
-    """Indexes of the rows whose insert event the stream's pipeline lets through.
+) -> dict[int, bytes]:
+    """Row index -> the document the stream's pipeline makes of that row's insert event
+    (its `fullDocument`); the rows whose event the pipeline filters out are absent.
 
-    A snapshot row stands for the event that made its document: copying documents the
-    pipeline leaves out would put rows in `current` that no event of the stream ever changes
-    again. The server runs the pipeline itself (`$documents`), so every filter the stream
-    may hold means the same here; without a pipeline every row passes and nothing is sent.
+    A snapshot row stands for the event that made its document, so it is exactly what the
+    pipeline makes of that event: fields the pipeline (or `exclude_fields`) removes or
+    rewrites never reach the lake through a copy, and documents it leaves out are not copied
+    (they would sit in `current` with no event of the stream ever changing them). The server
+    runs the pipeline itself (`$documents`), so every stage means the same here as on the
+    stream; without a pipeline every row passes unchanged and nothing is sent.
     """
     pipeline = stream.mongo_pipeline()
     if not pipeline:
-        return set(range(len(rows)))
-    passed: set[int] = set()
+        return {n: document for n, (_, document) in enumerate(rows)}
+    made: dict[int, bytes] = {}
     database = client.get_database(db, codec_options=RAW_CODEC)
     start = 0
     while start < len(rows):
@@ -179,12 +185,66 @@ def passed_by_pipeline(
             size += len(probes[-1].raw)
             end += 1
         if len(probes) == 1 and size > _PROBE_BYTES:
-            passed.add(start)  # too large to send back: kept (a stale row, never a lost one)
+            # Too large to send in a command: the server makes the event from the stored
+            # document itself. It may be newer than the one read (never older than T): the
+            # events after T fold on top of it all the same, and a deleted one is not copied.
+            query = [
+                {"$match": RawBSONDocument(rows[start][0])},
+                _insert_event(start, at, db, coll),
+            ]
+            target: Any = database[coll]
         else:
-            query = [{"$documents": probes}, *pipeline, {"$project": {"_id": 1}}]
-            passed.update(d["_id"] for d in database.aggregate(query))
+            query, target = [{"$documents": probes}], database
+        outcome = [*query, *pipeline, {"$project": {"_id": 1, "fullDocument": 1}}]
+        for event in target.aggregate(outcome):
+            index = event["_id"]
+            made[index] = _snapshot_document(stream, db, coll, rows[index][0], event)
         start = end
-    return passed
+    return made
+
+
+def _insert_event(index: int, at: Timestamp, db: str, coll: str) -> dict[str, Any]:
+    """The stored document's insert event as the `$documents` probes have it."""
+    return {
+        "$replaceWith": {
+            "_id": {"$literal": index},
+            "operationType": "insert",
+            "clusterTime": {"$literal": at},
+            "ns": {"db": {"$literal": db}, "coll": {"$literal": coll}},
+            "documentKey": {"_id": "$_id"},
+            "fullDocument": "$$ROOT",
+        }
+    }
+
+
+def _snapshot_document(
+    stream: StreamConfig, db: str, coll: str, key: bytes, event: RawBSONDocument
+) -> bytes:
+    """The event's fullDocument, refused when it cannot stand for the document copied."""
+    document = event.get("fullDocument")
+    where = f"document {key_to_text(key)} of {db}.{coll}"
+    if not isinstance(document, RawBSONDocument):
+        raise SnapshotPipelineError(
+            f"The pipeline of stream {stream.name!r} leaves no fullDocument in the insert event "
+            f"of {where}, so its snapshot cannot copy it (a snapshot row is exactly what the "
+            "pipeline makes of the document's insert event).",
+            "Keep fullDocument in insert events and remove only fields inside it (for example "
+            "`$unset: fullDocument.email`, or the stream's `exclude_fields`), or start the "
+            "stream with `start: now` instead of a snapshot.",
+        )
+    made = bytes(document.raw)
+    try:
+        same_key = id_key(made) == key
+    except ValueError:
+        same_key = False
+    if not same_key:
+        raise SnapshotPipelineError(
+            f"The pipeline of stream {stream.name!r} removes or changes fullDocument._id in the "
+            f"insert event of {where}: `current` keys each row by the document's _id, and a "
+            "snapshot row with another would never be matched by the document's own events.",
+            "Leave fullDocument._id as it is in the pipeline (remove or mask other fields).",
+        )
+    return made
 
 
 def id_key(document: bytes) -> bytes:
@@ -357,11 +417,11 @@ def copy_chunks(
                 )
                 continue
             first = snapshot.documents
-            passed = passed_by_pipeline(client, stream, at, db, coll, chunk.rows)
+            made = through_pipeline(client, stream, at, db, coll, chunk.rows)
             raws += [
-                _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, row)
-                for n, row in enumerate(chunk.rows)
-                if n in passed
+                _row(at, f"{snapshot.id}:{first + n:012d}", db, coll, (key, made[n]))
+                for n, (key, _) in enumerate(chunk.rows)
+                if n in made
             ]
         moved = replace(
             snapshot,
