@@ -78,3 +78,10 @@ class SparkServerError(SparkUnavailable):
 
 class TransformConflict(TidemarkError):
     """Another transform committed a version of this stream first; nothing was committed."""
+
+
+# --- Dagster entry points, the streams file per stream, the UI's process (issue 23, 8-13) ---
+
+
+class DagsterUiRunning(TidemarkError):
+    """`tidemark ui` found the home's Dagster UI already running."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import signal
 import socket
 import sys
 import time
@@ -87,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("demo", help="sample workload, drain and summary (make demo)")
     p.add_argument("--orders", type=int, default=500)
-    p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui)")
+    p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui); `ui stop` stops it")
+    p.add_argument("action", nargs="?", choices=["start", "stop"], default="start")
     p.add_argument("--port", type=int, default=3000)
     p = sub.add_parser("workload", help="keep writing the sample workload, for live runs")
     p.add_argument("--orders", type=int, default=100, help="orders per round (default 100)")
@@ -133,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "spark":
         return _spark(args, settings)
     if args.command == "ui":
-        return _ui(settings, args.port)
+        return _ui(settings, args.action, args.port)
     runtime = open_runtime(settings)
     try:
         if args.command == "drain":
@@ -288,22 +290,35 @@ def _gc(runtime: Runtime, min_age: float) -> int:
     return 0
 
 
-def _ui(settings: Settings, port: int) -> int:
+def _ui(settings: Settings, action: str, port: int) -> int:
+    from resources.dagster_ui import forget, start_ui, stop_ui
     from tidemark.cli.dagster_env import dagster_environment
 
+    if action == "stop":
+        stopped = stop_ui(settings.home)
+        print("Dagster UI stopped" if stopped else "no Dagster UI was running")
+        return 0
     env = {**os.environ, **dagster_environment(settings)}
-    workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"  # the checkout's root
+    root = Path(__file__).resolve().parents[2]  # the checkout's root
     dagster = Path(sys.executable).parent / "dagster"
+    command = [str(dagster), "dev", "-w", str(root / "workspace.yaml")]
+    command += ["-h", "127.0.0.1", "-p", str(port)]
+    # Its own session, so a stop (Ctrl-C, SIGTERM, `tidemark ui stop`) ends every process of it.
+    ui, process = start_ui(settings.home, command, env, root, "127.0.0.1", port)
     print(
-        f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={env['DAGSTER_HOME']}); "
-        "`tidemark workload` in another shell writes live changes.",
+        f"Dagster UI on {ui.url} (DAGSTER_HOME={env['DAGSTER_HOME']}, pid {ui.pid}); "
+        "`tidemark workload` in another shell writes live changes, `tidemark ui stop` stops it.",
         file=sys.stderr,
     )
-    os.execve(
-        dagster,
-        [str(dagster), "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-        env,
-    )
+    signal.signal(signal.SIGTERM, lambda *_: stop_ui(settings.home))
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        stop_ui(settings.home)
+        code = process.wait()
+    finally:
+        forget(settings.home, ui)
+    return 0 if code in (0, -signal.SIGTERM, -signal.SIGKILL) else code
 
 
 def _workload(runtime: Runtime, args: argparse.Namespace) -> int:
