@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
-import signal
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 from jobs.capture import DrainResult, drain
 from jobs.ops import collect_garbage, reset_stream, stream_status
@@ -135,7 +132,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "spark":
         return _spark(args, settings)
     if args.command == "ui":
-        return _ui(settings, args.action, args.port)
+        from tidemark.cli.ui import ui_command
+
+        return ui_command(settings, args.action, args.port)
     runtime = open_runtime(settings)
     try:
         if args.command == "drain":
@@ -288,37 +287,6 @@ def _gc(runtime: Runtime, min_age: float) -> int:
     header = ["stream", "raw files removed", "curated dirs removed", "kept (younger)", "note"]
     print(format_table(header, rows) if rows else "The lake holds no raw files yet.")
     return 0
-
-
-def _ui(settings: Settings, action: str, port: int) -> int:
-    from resources.dagster_ui import forget, start_ui, stop_ui
-    from tidemark.cli.dagster_env import dagster_environment
-
-    if action == "stop":
-        stopped = stop_ui(settings.home)
-        print("Dagster UI stopped" if stopped else "no Dagster UI was running")
-        return 0
-    env = {**os.environ, **dagster_environment(settings)}
-    root = Path(__file__).resolve().parents[2]  # the checkout's root
-    dagster = Path(sys.executable).parent / "dagster"
-    command = [str(dagster), "dev", "-w", str(root / "workspace.yaml")]
-    command += ["-h", "127.0.0.1", "-p", str(port)]
-    # Its own session, so a stop (Ctrl-C, SIGTERM, `tidemark ui stop`) ends every process of it.
-    ui, process = start_ui(settings.home, command, env, root, "127.0.0.1", port)
-    print(
-        f"Dagster UI on {ui.url} (DAGSTER_HOME={env['DAGSTER_HOME']}, pid {ui.pid}); "
-        "`tidemark workload` in another shell writes live changes, `tidemark ui stop` stops it.",
-        file=sys.stderr,
-    )
-    signal.signal(signal.SIGTERM, lambda *_: stop_ui(settings.home))
-    try:
-        code = process.wait()
-    except KeyboardInterrupt:
-        stop_ui(settings.home)
-        code = process.wait()
-    finally:
-        forget(settings.home, ui)
-    return 0 if code in (0, -signal.SIGTERM, -signal.SIGKILL) else code
 
 
 def _workload(runtime: Runtime, args: argparse.Namespace) -> int:
