@@ -189,3 +189,96 @@ def test_tidemark_ui_stop_ends_the_whole_dagster_dev_started_in_the_background(t
         ui.kill()
         ui.wait()
         log.close()
+
+
+BROKEN_FILE = (
+    "streams:\n"
+    "  - {name: good, database: shop, collection: orders}\n"
+    "  - name: bad\n"
+    "    database: shop\n"
+    "    collection: items\n"
+    "    checks: {lag_warn_secondz: 5}\n"
+)
+
+
+def _load_location(monkeypatch, path: Path):
+    import importlib
+
+    monkeypatch.setenv("TIDEMARK_CONFIG", str(path))
+    sys.modules.pop("orchestration.definitions", None)
+    return importlib.import_module("orchestration.definitions").defs
+
+
+def _check_outcome(defs, key):
+    import dagster as dg
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.get_subset(asset_check_selection={key}, asset_selection=set()).execute_in_process(
+        instance=dg.DagsterInstance.ephemeral()
+    )
+    (evaluation,) = [
+        e.asset_check_evaluation_data
+        for e in result.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ]
+    return evaluation
+
+
+@pytest.mark.fast
+def test_a_broken_stream_is_reported_and_the_others_load(monkeypatch, tmp_path):
+    import dagster as dg
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(BROKEN_FILE)
+    defs = _load_location(monkeypatch, config)
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {"good_drain", "good_sync", "good_replay", "good_resnapshot"} <= jobs
+    assert defs.resolve_schedule_def("good_schedule").job_name == "good_drain"
+    assert not any(name.startswith("bad_") for name in jobs)
+
+    # The broken one: a check that fails with the one-paragraph message naming the field...
+    key = dg.AssetCheckKey(dg.AssetKey(["bad", "config"]), "config_valid")
+    evaluation = _check_outcome(defs, key)
+    assert not evaluation.passed
+    assert "streams[1] (bad).checks.lag_warn_secondz: unknown key" in evaluation.description
+    assert "Traceback" not in evaluation.description
+    # ... and a sensor, on by default, that records that failure without a run.
+    sensor = defs.resolve_sensor_def("bad_config_error")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), definitions=defs) as ctx:
+        tick = sensor(ctx)
+    assert "lag_warn_secondz: unknown key" in tick.skip_reason.skip_message
+    (recorded,) = tick.asset_events
+    assert recorded.asset_key == key.asset_key and not recorded.passed
+
+
+@pytest.mark.fast
+def test_a_streams_file_that_is_not_yaml_is_reported_without_a_traceback(monkeypatch, tmp_path):
+    import dagster as dg
+
+    config = tmp_path / "streams.yaml"
+    config.write_text("streams:\n  - {name: good, database: shop\n")
+    defs = _load_location(monkeypatch, config)
+    key = dg.AssetCheckKey(dg.AssetKey(["streams_file", "config"]), "config_valid")
+    evaluation = _check_outcome(defs, key)
+    assert not evaluation.passed
+    assert "is not valid YAML at line" in evaluation.description
+
+
+def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
+    monkeypatch, tmp_path, mongod, capsys
+):
+    from tidemark.cli.commands import main
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(BROKEN_FILE)
+    for name, value in _environment(tmp_path, mongod.uri, config).items():
+        monkeypatch.setenv(name, value)
+    assert main(["drain", "good"]) == 0
+    out, err = capsys.readouterr()
+    assert "good" in out
+    assert "stream 'bad' is skipped" in err and "lag_warn_secondz" in err
+    assert main(["drain", "bad"]) == 2
+    _, err = capsys.readouterr()
+    assert "streams[1] (bad).checks.lag_warn_secondz: unknown key" in err
+    assert "Traceback" not in err
