@@ -282,3 +282,56 @@ def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
     _, err = capsys.readouterr()
     assert "streams[1] (bad).checks.lag_warn_secondz: unknown key" in err
     assert "Traceback" not in err
+
+
+def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_oplog_reach(
+    monkeypatch, tmp_path, mongod, client, db_name
+):
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.resources import build_resources
+    from resources.mongo import oplog_window
+    from tidemark.config import TidemarkConfig
+    from tidemark.tokens import ts_to_datetime
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(f"streams:\n  - {{name: orders, database: {db_name}, collection: o}}\n")
+    state_url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
+    # No store yet: the configured start, and loading creates none.
+    defs = _load_location(monkeypatch, config)
+    replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
+    assert replay.partitions_def.get_first_partition_key() == "2026-01-01-00:00"
+    assert not (tmp_path / "state.db").exists()
+
+    parsed = TidemarkConfig.model_validate({"streams": [{"name": "orders", "database": db_name,
+                                                         "collection": "o"}]})  # fmt: skip
+    store = StateStore(state_url)
+    store.ensure_stream(parsed.streams[0])
+    registered = store.registered_at()["orders"]
+    store.close()
+    defs = _load_location(monkeypatch, config)
+    replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
+    # (The window of the first checkpoint is still open: its start, not a key, is checked.)
+    assert replay.partitions_def.start == registered.replace(minute=0, second=0, microsecond=0)
+
+    # The check on replay: the oplog's first entry and the partitions before it.
+    resources = build_resources(
+        mongodb_uri=mongod.uri, state_url=state_url, lake_root=str(tmp_path / "lake")
+    )
+    defs = build_definitions(parsed, resources)  # from the configured start: 2026-01-01
+    key = dg.AssetCheckKey(dg.AssetKey(["orders", "replay"]), "oplog_reach")
+    evaluation = _check_outcome(defs, key)
+    first = ts_to_datetime(oplog_window(client).first)
+    partitions = build_definitions(parsed, resources).resolve_assets_def(key.asset_key)
+    starts = [
+        partitions.partitions_def.start_time_for_partition_key(k)
+        for k in partitions.partitions_def.get_partition_keys()
+    ]
+    metadata = {k: v.value for k, v in evaluation.metadata.items()}
+    assert metadata["partitions_out_of_reach"] == sum(s < first for s in starts) > 0
+    assert metadata["oplog_first_time"] == first.timestamp()
+    assert f"{metadata['partitions_out_of_reach']} of {len(starts)} partitions" in (
+        evaluation.description
+    )
