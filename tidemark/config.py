@@ -3,6 +3,10 @@
 A stream's *fingerprint* covers everything its resume tokens depend on (scope, pipeline and
 the change-stream options). A checkpoint stores it; a stream whose fingerprint changed refuses
 to resume until an operator runs `tidemark reset`.
+
+Long because the file is read two ways that share its parsing and its messages: strictly
+(`load_config`, every entry valid) and entry by entry (`load_streams`, a broken stream reported
+while the others load).
 """
 
 from __future__ import annotations
