@@ -8,7 +8,7 @@ MONGOD_MATRIX := $(VENV)/mongod-6.0.27/.installed
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test test-fast soak ui workload browser postgres install lint format check-python check-java mongod-stop spark-start spark-stop clean
+.PHONY: demo test test-fast soak ui workload browser postgres install lint format check-python check-java mongod-stop spark-start spark-stop ui-stop clean
 
 # demo and ui run Spark on the long-lived local Connect server (`tidemark spark start`, once,
 # 10-20 s) and point TIDEMARK_SPARK_REMOTE at it; it keeps running for the next runs.
@@ -95,5 +95,9 @@ spark-stop: install
 workload: install
 	$(BIN)/tidemark workload
 
-clean: mongod-stop spark-stop
+ui-stop: install
+	$(BIN)/tidemark ui stop
+
+# The UI first: its runs may use the mongod and the Spark server.
+clean: ui-stop mongod-stop spark-stop
 	rm -rf $(TIDEMARK_HOME)

@@ -2,7 +2,7 @@
 
 import warnings
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import dagster as dg
 
@@ -78,17 +78,35 @@ def current_freshness(stream: StreamConfig) -> dg.FreshnessPolicy:
     return dg.FreshnessPolicy.time_window(fail_window=2 * error, warn_window=error)
 
 
-def replay_partitions(stream: StreamConfig) -> dg.TimeWindowPartitionsDefinition:
+def replay_partitions(
+    stream: StreamConfig, first_checkpoint: datetime | None = None
+) -> dg.TimeWindowPartitionsDefinition:
+    """The configured windows from `replay.start`, or from the window holding the stream's
+    first checkpoint when that is later: nothing before it was ever this stream's (a stream
+    with a start time of its own began there, whenever it registered)."""
     minutes = stream.replay.cron.split()[0] != "0"
-    return dg.TimeWindowPartitionsDefinition(
-        cron_schedule=stream.replay.cron,
-        start=stream.replay.start,
-        fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
-        timezone="UTC",
-    )
+
+    def windows(start: datetime) -> dg.TimeWindowPartitionsDefinition:
+        return dg.TimeWindowPartitionsDefinition(
+            cron_schedule=stream.replay.cron,
+            start=start,
+            fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
+            timezone="UTC",
+        )
+
+    configured = windows(stream.replay.start)
+    if first_checkpoint is None:
+        return configured
+    if isinstance(stream.start, datetime):
+        first_checkpoint = min(first_checkpoint, stream.start)
+    key = configured.get_partition_key_for_timestamp(first_checkpoint.timestamp())
+    start = configured.start_time_for_partition_key(key)
+    return windows(start) if start > stream.replay.start else configured
 
 
-def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
+def stream_assets(
+    stream: StreamConfig, first_checkpoint: datetime | None = None
+) -> list[dg.AssetsDefinition]:
     k = keys(stream)
     meta = {"namespace": stream.namespace, "scope": stream.scope}
 
@@ -130,7 +148,7 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        replay_window = _replay_asset(stream, k, meta)
+        replay_window = _replay_asset(stream, k, meta, first_checkpoint)
 
     specs = [
         dg.AssetSpec(
@@ -181,12 +199,15 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
 
 
 def _replay_asset(
-    stream: StreamConfig, k: dict[str, dg.AssetKey], meta: dict[str, str]
+    stream: StreamConfig,
+    k: dict[str, dg.AssetKey],
+    meta: dict[str, str],
+    first_checkpoint: datetime | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         key=k["replay"],
         group_name=stream.name,
-        partitions_def=replay_partitions(stream),
+        partitions_def=replay_partitions(stream, first_checkpoint),
         backfill_policy=dg.BackfillPolicy.single_run(),
         pool=pool(stream),
         kinds={"mongodb", "parquet"},

@@ -1,23 +1,32 @@
 """The Dagster code location: `dagster dev -w workspace.yaml` loads `defs` from here.
 
 The streams file (TIDEMARK_CONFIG, default ./streams.yaml) shapes the asset graph, so it is
-read when the definitions load; every connection setting is an EnvVar, resolved at run time.
-Each kind of definition comes from its own module, one factory per stream.
+read when the definitions load, entry by entry: a broken stream is reported by its own asset,
+check and sensor (`config_errors`) and the others load. Every connection setting is read from
+the environment when a run starts. Each kind of definition comes from its own module, one
+factory per stream.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from orchestration.assets import stream_assets
+from orchestration.assets import replay_partitions, stream_assets
 from orchestration.checks import stream_checks
 from orchestration.compaction import compaction_job, compaction_sensor
+from orchestration.config_errors import WHOLE_FILE, config_error_definitions
+from orchestration.replay_reach import first_checkpoints, replay_reach_check
 from orchestration.resources import env_resources
 from orchestration.schedules import stream_jobs, sync_schedule
-from tidemark.config import TidemarkConfig, load_config
+from tidemark.config import BrokenStream, StreamsFile, TidemarkConfig, load_streams
+from tidemark.errors import ConfigError
+from tidemark.settings import Settings
 
 
 def automation_sensor() -> dg.AutomationConditionSensorDefinition:
@@ -32,18 +41,29 @@ def automation_sensor() -> dg.AutomationConditionSensorDefinition:
 
 
 def build_definitions(
-    config: TidemarkConfig, resources: dict[str, Any] | None = None
+    config: TidemarkConfig,
+    resources: dict[str, Any] | None = None,
+    broken: Sequence[BrokenStream] = (),
+    first_checkpoints: dict[str, datetime] | None = None,
 ) -> dg.Definitions:
-    """Everything Tidemark contributes for the configured streams; `resources` (from
-    `build_resources`) replaces the EnvVar ones, for the demo and tests."""
+    """Everything Tidemark contributes for the configured streams, and a report of each
+    `broken` one; `resources` (from `build_resources`) replaces the environment's, for the demo
+    and tests. `first_checkpoints` (stream -> time) starts each replay's partitions at its
+    stream's first checkpoint."""
     streams = config.streams
+    firsts = first_checkpoints or {}
+    reports = [config_error_definitions(b) for b in broken]
     return dg.Definitions(
-        assets=[asset for stream in streams for asset in stream_assets(stream)],
-        asset_checks=[check for stream in streams for check in stream_checks(stream)],
+        assets=[a for s in streams for a in stream_assets(s, firsts.get(s.name))]
+        + [spec for spec, _, _ in reports],
+        asset_checks=[check for stream in streams for check in stream_checks(stream)]
+        + [replay_reach_check(s, replay_partitions(s, firsts.get(s.name))) for s in streams]
+        + [check for _, check, _ in reports],
         jobs=[job for stream in streams for job in stream_jobs(stream)]
         + [compaction_job(stream) for stream in streams if stream.current_table],
         schedules=[sync_schedule(stream) for stream in streams],
         sensors=[compaction_sensor(stream) for stream in streams if stream.current_table]
+        + [sensor for _, _, sensor in reports]
         + [automation_sensor()],
         resources=env_resources() if resources is None else resources,
         # Runs the automation sensor starts (the transform): one process, so one JVM at most.
@@ -51,4 +71,17 @@ def build_definitions(
     )
 
 
-defs = build_definitions(load_config(os.environ.get("TIDEMARK_CONFIG", "streams.yaml")))
+def location_definitions(path: Path | str) -> dg.Definitions:
+    """The code location's definitions: the valid streams, and every broken one reported."""
+    try:
+        streams_file = load_streams(path)
+    except ConfigError as exc:
+        # Nothing in the file can be trusted: no stream loads, the error is reported as one.
+        streams_file = StreamsFile(Path(path), [], [BrokenStream(WHOLE_FILE, -1, exc)])
+    config = TidemarkConfig.model_construct(streams=streams_file.streams)
+    # When each stream took its first checkpoint: the replay partitions start there.
+    firsts = first_checkpoints(Settings.from_env().state_url)
+    return build_definitions(config, broken=streams_file.broken, first_checkpoints=firsts)
+
+
+defs = location_definitions(os.environ.get("TIDEMARK_CONFIG", "streams.yaml"))

@@ -72,3 +72,31 @@ def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes (not zombies) of process group `pgid`, read from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # After the command's closing parenthesis: state ppid pgrp ...
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[-1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def terminate_group(pgid: int, timeout: float = 30.0) -> None:
+    """SIGTERM to the whole group (a leader that forwards nothing still has its children
+    stopped), then SIGKILL to what remains after `timeout`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -103,7 +103,8 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         assert schedule.job_name == f"{stream}_drain"  # the transform follows by automation
         assert schedule.cron_schedule == "*/5 * * * *"
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
-    # The code location reads every connection setting from the environment, at run time.
+    # The code location reads every connection setting from the environment, at run time
+    # (unset on the resources; tests/test_dagster_entry_points.py runs jobs that way).
     resources = module.defs.resources
     assert set(resources) == {"mongo", "state", "lake", "spark"}
     settings = [
@@ -113,14 +114,7 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         resources["spark"].master,
         resources["spark"].remote,
     ]
-    assert all(isinstance(value, dg.EnvVar) for value in settings), settings
-    assert settings == [
-        "MONGODB_URI",
-        "TIDEMARK_STATE_URL",
-        "TIDEMARK_LAKE",
-        "TIDEMARK_SPARK_MASTER",
-        "TIDEMARK_SPARK_REMOTE",
-    ]
+    assert settings == [None] * 5
 
 
 def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):

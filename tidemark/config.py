@@ -3,6 +3,10 @@
 A stream's *fingerprint* covers everything its resume tokens depend on (scope, pipeline and
 the change-stream options). A checkpoint stores it; a stream whose fingerprint changed refuses
 to resume until an operator runs `tidemark reset`.
+
+Long because the file is read two ways that share its parsing and its messages: strictly
+(`load_config`, every entry valid) and entry by entry (`load_streams`, a broken stream reported
+while the others load).
 """
 
 from __future__ import annotations
@@ -10,13 +14,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from bson import json_util
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tidemark.errors import ConfigError, UnknownStream
 from tidemark.pipeline_stages import exclusion_stages, stage_problem
@@ -278,7 +291,12 @@ class TidemarkConfig(BaseModel):
             seen.add(stream.name)
         return streams
 
+    # Entries of the streams file that did not validate, by name (see `load_streams`).
+    _broken: dict[str, ConfigError] = PrivateAttr(default_factory=dict)
+
     def stream(self, name: str) -> StreamConfig:
+        if name in self._broken:
+            raise self._broken[name]
         for stream in self.streams:
             if stream.name == name:
                 return stream
@@ -306,10 +324,23 @@ def describe_definition_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     return "; ".join(changes) or "(no field differs, the fingerprint algorithm changed)"
 
 
+_FIX_HINT = "Fix the file (see README, 'Configuration') or point TIDEMARK_CONFIG at another one."
+
+
 def load_config(path: Path | str) -> TidemarkConfig:
     """Read and validate the streams file; every problem becomes one `ConfigError`."""
     path = Path(path)
-    fix_hint = "Fix the file (see README, 'Configuration') or point TIDEMARK_CONFIG at another one."
+    raw = _read_streams_file(path)
+    try:
+        return TidemarkConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"The streams config {path} is invalid: {_format_validation(exc, raw)}.", _FIX_HINT
+        ) from None
+
+
+def _read_streams_file(path: Path) -> dict[str, Any]:
+    fix_hint = _FIX_HINT
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -334,17 +365,16 @@ def load_config(path: Path | str) -> TidemarkConfig:
             f"not {type(raw).__name__}.",
             fix_hint,
         )
-    try:
-        return TidemarkConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(
-            f"The streams config {path} is invalid: {_format_validation(exc, raw)}.", fix_hint
-        ) from None
+    return raw
 
 
 def _format_validation(exc: ValidationError, raw: dict[str, Any]) -> str:
+    return _format_errors(exc.errors(), raw)
+
+
+def _format_errors(errors: list[Any], raw: dict[str, Any]) -> str:
     parts = []
-    for error in exc.errors():
+    for error in errors:
         loc = list(error["loc"])
         where = _location(loc, raw)
         message = error["msg"].removeprefix("Value error, ")
@@ -381,3 +411,86 @@ def _location(loc: list[Any], raw: dict[str, Any]) -> str:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+# --- One broken stream does not take the others down (issue 23, item 9) ---------------------
+
+
+@dataclass(frozen=True)
+class BrokenStream:
+    """An entry of the streams file that did not validate, with its one-paragraph message."""
+
+    key: str  # the entry's name when it is a usable, unique slug, else `stream_<index>`
+    index: int  # its place in the file's `streams` list
+    error: ConfigError
+
+
+@dataclass(frozen=True)
+class StreamsFile:
+    """The streams file read entry by entry: the valid streams and the broken ones."""
+
+    path: Path
+    streams: list[StreamConfig]
+    broken: list[BrokenStream]
+
+    def config(self) -> TidemarkConfig:
+        """The valid streams; asking it for a broken one (`stream(name)`) raises that one's
+        error. With no valid stream at all, the first broken one's error."""
+        if not self.streams:
+            raise self.broken[0].error
+        config = TidemarkConfig.model_construct(streams=self.streams)
+        config._broken = {b.key: b.error for b in self.broken}
+        return config
+
+
+def load_streams(path: Path | str) -> StreamsFile:
+    """The streams file, validated per entry: a typo in one stream leaves the others usable.
+
+    Raises:
+        ConfigError: the file as a whole is unusable (missing, not YAML, not a mapping with a
+            `streams` list, an unknown top-level key): no entry can be trusted then.
+    """
+    path = Path(path)
+    raw = _read_streams_file(path)
+    try:
+        config = TidemarkConfig.model_validate(raw)
+        return StreamsFile(path, list(config.streams), [])
+    except ValidationError as exc:
+        errors = exc.errors()
+    entries = raw.get("streams")
+    per_entry: dict[int, list[Any]] = {}
+    for error in errors:
+        loc = error["loc"]
+        if not (isinstance(entries, list) and len(loc) >= 2 and loc[0] == "streams"):
+            raise ConfigError(
+                f"The streams config {path} is invalid: {_format_errors(errors, raw)}.", _FIX_HINT
+            ) from None
+        per_entry.setdefault(int(loc[1]), []).append(error)
+    assert isinstance(entries, list)
+    streams: list[StreamConfig] = []
+    broken: list[BrokenStream] = []
+    for index, entry in enumerate(entries):
+        if index in per_entry:
+            problem = _format_errors(per_entry[index], raw)
+        else:
+            stream = StreamConfig.model_validate(entry)
+            if all(s.name != stream.name for s in streams):
+                streams.append(stream)
+                continue
+            problem = (
+                f"streams[{index}] ({stream.name}): stream name {stream.name!r} is used twice: "
+                "names must be unique"
+            )
+        error = ConfigError(f"The streams config {path} is invalid: {problem}.", _FIX_HINT)
+        broken.append(BrokenStream(_broken_key(entry, index, streams, broken), index, error))
+    return StreamsFile(path, streams, broken)
+
+
+def _broken_key(
+    entry: Any, index: int, streams: list[StreamConfig], broken: list[BrokenStream]
+) -> str:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    taken = {s.name for s in streams} | {b.key for b in broken}
+    if isinstance(name, str) and re.fullmatch(SLUG_PATTERN, name) and name not in taken:
+        return name
+    return f"stream_{index}"

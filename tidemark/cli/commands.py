@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 from jobs.capture import DrainResult, drain
 from jobs.ops import collect_garbage, reset_stream, stream_status
@@ -87,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("demo", help="sample workload, drain and summary (make demo)")
     p.add_argument("--orders", type=int, default=500)
-    p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui)")
+    p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui); `ui stop` stops it")
+    p.add_argument("action", nargs="?", choices=["start", "stop"], default="start")
     p.add_argument("--port", type=int, default=3000)
     p = sub.add_parser("workload", help="keep writing the sample workload, for live runs")
     p.add_argument("--orders", type=int, default=100, help="orders per round (default 100)")
@@ -133,7 +132,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "spark":
         return _spark(args, settings)
     if args.command == "ui":
-        return _ui(settings, args.port)
+        from tidemark.cli.ui import ui_command
+
+        return ui_command(settings, args.action, args.port)
     runtime = open_runtime(settings)
     try:
         if args.command == "drain":
@@ -286,24 +287,6 @@ def _gc(runtime: Runtime, min_age: float) -> int:
     header = ["stream", "raw files removed", "curated dirs removed", "kept (younger)", "note"]
     print(format_table(header, rows) if rows else "The lake holds no raw files yet.")
     return 0
-
-
-def _ui(settings: Settings, port: int) -> int:
-    from tidemark.cli.dagster_env import dagster_environment
-
-    env = {**os.environ, **dagster_environment(settings)}
-    workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"  # the checkout's root
-    dagster = Path(sys.executable).parent / "dagster"
-    print(
-        f"Dagster UI on http://127.0.0.1:{port} (DAGSTER_HOME={env['DAGSTER_HOME']}); "
-        "`tidemark workload` in another shell writes live changes.",
-        file=sys.stderr,
-    )
-    os.execve(
-        dagster,
-        [str(dagster), "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-        env,
-    )
 
 
 def _workload(runtime: Runtime, args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from resources.mongo import connect
 from resources.spark import REMOTE_ENV
 from resources.spark_server import start_server
 from state import StateStore
-from tidemark.config import TidemarkConfig, load_config
+from tidemark.config import TidemarkConfig, load_streams
 from tidemark.settings import Settings
 
 
@@ -63,6 +63,16 @@ def resolve_spark_remote(settings: Settings, announce: bool = True) -> str:
     return server.url
 
 
+def load_config_per_stream(settings: Settings, announce: bool = True) -> TidemarkConfig:
+    """The streams file's valid streams; a broken entry is named on stderr and a command on
+    it fails with its message (exit 2), while commands on the others work."""
+    streams_file = load_streams(settings.config_path)
+    if announce and streams_file.streams:  # with none valid, `config()` raises the error
+        for broken in streams_file.broken:
+            print(f"tidemark: stream {broken.key!r} is skipped: {broken.error}", file=sys.stderr)
+    return streams_file.config()
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -82,7 +92,7 @@ class Runtime:
 
 def open_runtime(settings: Settings | None = None, announce: bool = True) -> Runtime:
     settings = settings or Settings.from_env()
-    config = load_config(settings.config_path)
+    config = load_config_per_stream(settings, announce)
     store = StateStore(settings.state_url)
     uri = resolve_mongodb_uri(settings, announce)
     client = connect(uri, raw=True)

@@ -1,0 +1,344 @@
+"""Dagster's own entry points, run as an operator would: `dagster job execute` and `dagster
+asset materialize` in a subprocess from the venv, with only the variables the README's table
+does not give a default for, against the real mongod and a local Spark JVM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from state import StateStore
+
+ROOT = Path(__file__).resolve().parent.parent
+DAGSTER = Path(sys.executable).parent / "dagster"
+# The optional variables the issue found required: none of them may be needed.
+OPTIONAL = ("TIDEMARK_SPARK_REMOTE", "TIDEMARK_SPARK_MASTER", "SPARK_CONNECT_MODE_ENABLED")
+
+
+def _environment(tmp_path: Path, uri: str, config: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in OPTIONAL}
+    env.update(
+        MONGODB_URI=uri,
+        TIDEMARK_CONFIG=str(config),
+        TIDEMARK_HOME=str(tmp_path / "home"),
+        TIDEMARK_STATE_URL=f"sqlite:///{tmp_path / 'state.db'}",
+        TIDEMARK_LAKE=str(tmp_path / "lake"),
+        DAGSTER_HOME=str(tmp_path / "dagster"),
+    )
+    (tmp_path / "dagster").mkdir(exist_ok=True)
+    return env
+
+
+def _dagster(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(DAGSTER), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_jobs_run_through_the_dagster_cli_without_the_optional_variables(
+    tmp_path, mongod, client, db_name
+):
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        f"streams:\n  - name: orders\n    database: {db_name}\n    collection: orders\n"
+        "    max_await_time_ms: 300\n    replay: {cron: '* * * * *', start: 2026-01-01}\n"
+    )
+    env = _environment(tmp_path, mongod.uri, config)
+    orders = client[db_name]["orders"]
+    orders.insert_one({"_id": 0, "seed": True})  # the collection exists before the first drain
+
+    # The first run only registers the stream (`start: now`); the second drains these writes.
+    first = _dagster(env, "job", "execute", "-m", "orchestration.definitions", "-j", "orders_drain")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    # The replayed window (a minute) must lie inside the oplog: after its first entry.
+    from resources.mongo import oplog_window
+    from tidemark.tokens import ts_to_datetime
+
+    oplog_first = ts_to_datetime(oplog_window(client).first)
+    while datetime.now(UTC).replace(second=0, microsecond=0) <= oplog_first:
+        time.sleep(1)
+    written_at = datetime.now(UTC)
+    orders.insert_many([{"_id": i, "n": i} for i in range(1, 11)])
+
+    sync = _dagster(env, "job", "execute", "-m", "orchestration.definitions", "-j", "orders_sync")
+    assert sync.returncode == 0, sync.stdout[-3000:] + sync.stderr[-3000:]
+    store = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        last = store.last_batch("orders")
+        assert last is not None and last.event_count == 10  # the drain committed the inserts
+        version = _newest_current(store)
+        assert version is not None and version.rows == 10  # and the transform folded them
+
+        # The compaction job failed at start-up unless both Spark variables were set.
+        compact = _dagster(
+            env, "job", "execute", "-m", "orchestration.definitions", "-j", "orders_compact"
+        )
+        assert compact.returncode == 0, compact.stdout[-3000:] + compact.stderr[-3000:]
+
+        # A replay partition from the command line, as the README says.
+        window = written_at.replace(second=0, microsecond=0)
+        while datetime.now(UTC) < window + timedelta(minutes=1, seconds=1):
+            time.sleep(1)  # the window must have closed before it can be replayed
+        key = f"{window:%Y-%m-%d-%H:%M}"
+        replay = _dagster(
+            env,
+            "asset",
+            "materialize",
+            "-m",
+            "orchestration.definitions",
+            "--select",
+            "orders/replay",
+            "--partition",
+            key,
+        )
+        assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+        replays = store.batches("orders", source="replay")
+        assert sum(b.event_count for b in replays) == 10, replays
+    finally:
+        store.close()
+
+
+def _newest_current(store: StateStore):
+    from state import TransformState
+
+    return TransformState(store).latest_version("orders")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process under `pid`, from /proc's parent links."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_tidemark_ui_stop_ends_the_whole_dagster_dev_started_in_the_background(tmp_path):
+    from resources.embedded_mongo import free_port
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        "streams:\n  - {name: orders, database: shop, collection: orders, schedule: '0 0 1 1 *'}\n"
+    )
+    env = _environment(tmp_path, "mongodb://127.0.0.1:9/?replicaSet=rs0", config)
+    env["TIDEMARK_SPARK_MASTER"] = "local[1]"  # no Connect server for the UI's environment
+    env.pop("DAGSTER_HOME")  # the home's, as `make ui` has it
+    tidemark = str(Path(sys.executable).parent / "tidemark")
+    port = free_port()
+    log = open(tmp_path / "ui.log", "w")  # noqa: SIM115 - closed below
+    # As a script's plain `&` starts it: no session or process group of its own.
+    ui = subprocess.Popen(
+        [tidemark, "ui", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=log
+    )
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 240  # a hang guard, not a measurement
+        while not _answers(port):
+            if ui.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError((tmp_path / "ui.log").read_text()[-3000:])
+            time.sleep(1)
+        started = _descendants(ui.pid)
+        assert started, "dagster dev runs as a child of tidemark ui"
+
+        stop = subprocess.run(
+            [tidemark, "ui", "stop"], env=env, cwd=ROOT, capture_output=True, text=True
+        )
+        assert stop.returncode == 0, stop.stderr
+        assert "Dagster UI stopped" in stop.stdout
+        assert ui.wait(timeout=120) == 0  # `tidemark ui` itself ends with its server
+        assert not _answers(port)
+        assert [pid for pid in started if _alive(pid)] == []
+        again = subprocess.run(
+            [tidemark, "ui", "stop"], env=env, cwd=ROOT, capture_output=True, text=True
+        )
+        assert "no Dagster UI was running" in again.stdout
+    finally:
+        for pid in started | _descendants(ui.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        ui.kill()
+        ui.wait()
+        log.close()
+
+
+BROKEN_FILE = (
+    "streams:\n"
+    "  - {name: good, database: shop, collection: orders}\n"
+    "  - name: bad\n"
+    "    database: shop\n"
+    "    collection: items\n"
+    "    checks: {lag_warn_secondz: 5}\n"
+)
+
+
+def _load_location(monkeypatch, path: Path):
+    import importlib
+
+    monkeypatch.setenv("TIDEMARK_CONFIG", str(path))
+    sys.modules.pop("orchestration.definitions", None)
+    return importlib.import_module("orchestration.definitions").defs
+
+
+def _check_outcome(defs, key):
+    import dagster as dg
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.get_subset(asset_check_selection={key}, asset_selection=set()).execute_in_process(
+        instance=dg.DagsterInstance.ephemeral()
+    )
+    (evaluation,) = [
+        e.asset_check_evaluation_data
+        for e in result.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ]
+    return evaluation
+
+
+@pytest.mark.fast
+def test_a_broken_stream_is_reported_and_the_others_load(monkeypatch, tmp_path):
+    import dagster as dg
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(BROKEN_FILE)
+    defs = _load_location(monkeypatch, config)
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {"good_drain", "good_sync", "good_replay", "good_resnapshot"} <= jobs
+    assert defs.resolve_schedule_def("good_schedule").job_name == "good_drain"
+    assert not any(name.startswith("bad_") for name in jobs)
+
+    # The broken one: a check that fails with the one-paragraph message naming the field...
+    key = dg.AssetCheckKey(dg.AssetKey(["bad", "config"]), "config_valid")
+    evaluation = _check_outcome(defs, key)
+    assert not evaluation.passed
+    assert "streams[1] (bad).checks.lag_warn_secondz: unknown key" in evaluation.description
+    assert "Traceback" not in evaluation.description
+    # ... and a sensor, on by default, that records that failure without a run.
+    sensor = defs.resolve_sensor_def("bad_config_error")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), definitions=defs) as ctx:
+        tick = sensor(ctx)
+    assert "lag_warn_secondz: unknown key" in tick.skip_reason.skip_message
+    (recorded,) = tick.asset_events
+    assert recorded.asset_key == key.asset_key and not recorded.passed
+
+
+@pytest.mark.fast
+def test_a_streams_file_that_is_not_yaml_is_reported_without_a_traceback(monkeypatch, tmp_path):
+    import dagster as dg
+
+    config = tmp_path / "streams.yaml"
+    config.write_text("streams:\n  - {name: good, database: shop\n")
+    defs = _load_location(monkeypatch, config)
+    key = dg.AssetCheckKey(dg.AssetKey(["streams_file", "config"]), "config_valid")
+    evaluation = _check_outcome(defs, key)
+    assert not evaluation.passed
+    assert "is not valid YAML at line" in evaluation.description
+
+
+def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
+    monkeypatch, tmp_path, mongod, capsys
+):
+    from tidemark.cli.commands import main
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(BROKEN_FILE)
+    for name, value in _environment(tmp_path, mongod.uri, config).items():
+        monkeypatch.setenv(name, value)
+    assert main(["drain", "good"]) == 0
+    out, err = capsys.readouterr()
+    assert "good" in out
+    assert "stream 'bad' is skipped" in err and "lag_warn_secondz" in err
+    assert main(["drain", "bad"]) == 2
+    _, err = capsys.readouterr()
+    assert "streams[1] (bad).checks.lag_warn_secondz: unknown key" in err
+    assert "Traceback" not in err
+
+
+def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_oplog_reach(
+    monkeypatch, tmp_path, mongod, client, db_name
+):
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.resources import build_resources
+    from resources.mongo import oplog_window
+    from tidemark.config import TidemarkConfig
+    from tidemark.tokens import ts_to_datetime
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(f"streams:\n  - {{name: orders, database: {db_name}, collection: o}}\n")
+    state_url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
+    # No store yet: the configured start, and loading creates none.
+    defs = _load_location(monkeypatch, config)
+    replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
+    assert replay.partitions_def.get_first_partition_key() == "2026-01-01-00:00"
+    assert not (tmp_path / "state.db").exists()
+
+    parsed = TidemarkConfig.model_validate({"streams": [{"name": "orders", "database": db_name,
+                                                         "collection": "o"}]})  # fmt: skip
+    store = StateStore(state_url)
+    store.ensure_stream(parsed.streams[0])
+    registered = store.registered_at()["orders"]
+    store.close()
+    defs = _load_location(monkeypatch, config)
+    replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
+    # (The window of the first checkpoint is still open: its start, not a key, is checked.)
+    assert replay.partitions_def.start == registered.replace(minute=0, second=0, microsecond=0)
+
+    # The check on replay: the oplog's first entry and the partitions before it.
+    resources = build_resources(
+        mongodb_uri=mongod.uri, state_url=state_url, lake_root=str(tmp_path / "lake")
+    )
+    defs = build_definitions(parsed, resources)  # from the configured start: 2026-01-01
+    key = dg.AssetCheckKey(dg.AssetKey(["orders", "replay"]), "oplog_reach")
+    evaluation = _check_outcome(defs, key)
+    first = ts_to_datetime(oplog_window(client).first)
+    partitions = build_definitions(parsed, resources).resolve_assets_def(key.asset_key)
+    starts = [
+        partitions.partitions_def.start_time_for_partition_key(k)
+        for k in partitions.partitions_def.get_partition_keys()
+    ]
+    metadata = {k: v.value for k, v in evaluation.metadata.items()}
+    assert metadata["partitions_out_of_reach"] == sum(s < first for s in starts) > 0
+    assert metadata["oplog_first_time"] == first.timestamp()
+    assert f"{metadata['partitions_out_of_reach']} of {len(starts)} partitions" in (
+        evaluation.description
+    )
