@@ -86,6 +86,8 @@ class TransformConflict(TidemarkError):
 class SnapshotPipelineError(TidemarkError):
     """The stream's pipeline makes of a snapshot document's insert event something a snapshot
     row cannot be (no fullDocument, or one with another _id)."""
+
+
 # --- Dagster entry points, the streams file per stream, the UI's process (issue 23, 8-13) ---
 
 
