@@ -78,3 +78,14 @@ class SparkServerError(SparkUnavailable):
 
 class TransformConflict(TidemarkError):
     """Another transform committed a version of this stream first; nothing was committed."""
+
+
+# -- issue 23: the source a checkpoint belongs to, and the lake's location ---------------------
+
+
+class SourceChanged(TidemarkError):
+    """MONGODB_URI reaches another deployment than the one the stream's checkpoint came from."""
+
+
+class LakeNotLocal(LakeError):
+    """TIDEMARK_LAKE is a URL (s3://, gs://, ...): only a local path is supported yet."""
