@@ -17,6 +17,7 @@ from pymongo import MongoClient
 from resources.mongo import connect
 from resources.spark import SparkConfig, spark_session, stop_if_created
 from state import StateStore
+from tidemark.settings import lake_path
 
 
 class MongoResource(dg.ConfigurableResource):
@@ -70,7 +71,7 @@ class LakeResource(dg.ConfigurableResource):
 
     @property
     def path(self) -> Path:
-        return Path(self.root).expanduser().resolve()
+        return lake_path(self.root)
 
 
 class SparkResource(dg.ConfigurableResource):
