@@ -21,7 +21,7 @@ from resources.embedded_mongo import ensure_embedded
 from resources.mongo import connect
 from resources.spark import REMOTE_ENV, SparkConfig, spark_session, stop_if_created
 from state import StateStore
-from tidemark.settings import Settings
+from tidemark.settings import Settings, lake_path
 
 _FROM_ENV = "unset: read from {} when a run starts ({})"
 
@@ -99,7 +99,7 @@ class LakeResource(dg.ConfigurableResource):
     @property
     def path(self) -> Path:
         if self.root:
-            return Path(self.root).expanduser().resolve()
+            return lake_path(self.root)
         return run_time_settings().lake_root
 
 

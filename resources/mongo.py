@@ -24,6 +24,7 @@ from pymongo.errors import (
 )
 
 from tidemark.errors import MongoConnectionError, ReplicaSetRequired
+from tidemark.tokens import SourceIdentity
 
 _PASSWORD = re.compile(r"(mongodb(?:\+srv)?://[^:/@]+:)([^@]*)(@)")
 AUTH_FAILED = 18
@@ -111,6 +112,36 @@ def cluster_time(client: MongoClient) -> Timestamp:
             "Tidemark needs MongoDB 4.2 or later as a replica set or sharded cluster.",
         )
     return op_time
+
+
+def source_identity(client: MongoClient) -> SourceIdentity:
+    """The deployment `client` reaches, read with the least privilege that shows it.
+
+    `hello` (no privilege) gives the replica set's name, or says mongos. The replicaSetId is
+    in the set's config document, `local.system.replset`, readable with `find` on it (the
+    README's capture role grants that; `clusterMonitor` does too), and through
+    `replSetGetConfig` (`clusterMonitor`); behind mongos the config servers' `clusterId` is in
+    `config.version` (`find` on it). Without those privileges the id is None.
+    """
+    hello = client.admin.command("hello")
+    if hello.get("msg") == "isdbgrid":
+        # Not tried against a real mongos here (none can run on this machine).
+        version = _readable(lambda: client.config["version"].find_one({}, {"clusterId": 1}))
+        cluster_id = version.get("clusterId") if version else None
+        return SourceIdentity("sharded", None, str(cluster_id) if cluster_id else None)
+    config = _readable(
+        lambda: client.local["system.replset"].find_one({}, {"settings.replicaSetId": 1})
+    ) or (_readable(lambda: client.admin.command("replSetGetConfig")) or {}).get("config")
+    set_id = ((config or {}).get("settings") or {}).get("replicaSetId")
+    return SourceIdentity("replica_set", hello.get("setName"), str(set_id) if set_id else None)
+
+
+def _readable(read: Any) -> Any:
+    """What `read()` returns; None when the server refuses it (privileges) or lacks it."""
+    try:
+        return read()
+    except OperationFailure:
+        return None
 
 
 @dataclass(frozen=True)

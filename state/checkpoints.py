@@ -1,5 +1,8 @@
 """Streams and their checkpoints: registration, compare-and-set moves, and explicit resets.
 
+A checkpoint also names the deployment its position came from (`source_*`): a position is
+only valid there, so a run on another deployment is refused before it reads anything.
+
 A checkpoint carries a version. A run reads it when it starts and names it when it commits;
 the checkpoint moves only if that version is still the current one, so of two runs that
 started from the same checkpoint at most one commits. Explicit moves (reset, snapshot) also
@@ -17,22 +20,30 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from state import schema
-from state.records import Checkpoint, NewPosition
+from state.records import Checkpoint, NewPosition, source_columns
 from state.schema import utc_now
 from tidemark.config import StreamConfig, describe_definition_change
-from tidemark.errors import CheckpointConflict, StreamDefinitionChanged
+from tidemark.errors import CheckpointConflict, SourceChanged, StreamDefinitionChanged
+from tidemark.tokens import SourceIdentity
 
 
-def ensure_stream(conn: Connection, stream: StreamConfig) -> Checkpoint:
+def ensure_stream(
+    conn: Connection,
+    stream: StreamConfig,
+    source: SourceIdentity | None = None,
+    new_source_ok: bool = False,
+) -> Checkpoint:
     """Register `stream`, or check that its definition still matches its checkpoint.
 
     1. A new stream: register it with an empty checkpoint at version 0.
     2. A changed definition and a checkpoint with a position: refuse (a resume token is only
        valid for the definition it came from).
     3. A changed definition and no position yet: take the new one, and bump the version.
+    4. With `source`, the deployment the run reaches: `check_source`.
 
     Raises:
         StreamDefinitionChanged: the definition changed since the checkpoint was taken.
+        SourceChanged: the position came from another deployment than `source`.
     """
     definition = stream.token_definition()
     fingerprint = stream.fingerprint()
@@ -59,8 +70,52 @@ def ensure_stream(conn: Connection, stream: StreamConfig) -> Checkpoint:
             .where(schema.checkpoints.c.stream == stream.name)
             .values(fingerprint=fingerprint, version=schema.checkpoints.c.version + 1)
         )
+    if source is not None:
+        return check_source(conn, stream.name, source, new_source_ok)
     checkpoint = read_checkpoint(conn, stream.name)
     assert checkpoint is not None
+    return checkpoint
+
+
+def check_source(
+    conn: Connection, stream: str, source: SourceIdentity, new_source_ok: bool = False
+) -> Checkpoint:
+    """Check that the stream's position came from `source`, the deployment a run reaches.
+
+    1. No deployment recorded (a new stream, or a store from before they were): adopt
+       `source`. Likewise a part the stored one lacks (an id a user could not read then).
+    2. Another deployment and a position: refuse, unless `new_source_ok` (a resnapshot, whose
+       start records `source` with its own position); without a position: take `source`.
+
+    Raises:
+        SourceChanged: the position came from another deployment.
+    """
+    checkpoint = read_checkpoint(conn, stream)
+    assert checkpoint is not None, "check_source runs on a registered stream"
+    stored = checkpoint.source
+    if stored is not None and stored.differs_from(source):
+        if new_source_ok:
+            return checkpoint
+        if checkpoint.has_position:
+            raise SourceChanged(
+                f"Stream {stream!r} was drained from {stored.describe()}, and MONGODB_URI now "
+                f"reaches {source.describe()}: its stored position belongs to the other "
+                "deployment, where it would skip or invent changes, so Tidemark will not "
+                "resume it; nothing was committed.",
+                "Point MONGODB_URI back at the deployment the stream was drained from. To "
+                f"capture this one from now on, run `tidemark reset {stream} --to-now` (its "
+                f"changes from now; `current` keeps the other's rows), or `tidemark resnapshot "
+                f"{stream}` (a fresh copy of its collections replaces them, then its changes); "
+                "either is recorded in the state store.",
+            )
+        adopted = source
+    else:
+        adopted = stored.completed_by(source) if stored is not None else source
+    if adopted != stored:
+        c = schema.checkpoints
+        conn.execute(update(c).where(c.c.stream == stream).values(**source_columns(adopted)))
+        checkpoint = read_checkpoint(conn, stream)
+        assert checkpoint is not None
     return checkpoint
 
 
@@ -123,6 +178,11 @@ def read_checkpoint(conn: Connection, stream: str) -> Checkpoint | None:
         fingerprint=row.fingerprint,
         version=row.version,
         updated_at=row.updated_at,
+        source=(
+            SourceIdentity(row.source_kind, row.source_set, row.source_id)
+            if row.source_kind
+            else None
+        ),
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, func, insert, select
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
 
@@ -94,7 +94,8 @@ def install_or_check_schema(engine: Engine, url: str) -> None:
     """Create the tables of a new database, or check an existing one is of this schema.
 
     1. Create the tables that are missing (another process may create them at the same moment).
-    2. Record the schema version in a new database, or compare it with an existing one's.
+    2. Record the schema version in a new database, or bring an older one up to it
+       (`schema.MIGRATIONS`), or refuse one it cannot.
 
     Raises:
         StateStoreError: the database is unreachable, or holds another schema version.
@@ -115,6 +116,8 @@ def install_or_check_schema(engine: Engine, url: str) -> None:
                         version=schema.SCHEMA_VERSION, installed_at=schema.utc_now()
                     )
                 )
+            elif found < schema.SCHEMA_VERSION and _migrate(conn, found):
+                pass
             elif found != schema.SCHEMA_VERSION:
                 raise StateStoreError(
                     f"The state store at {redact_url(url)} has schema version {found}, "
@@ -122,3 +125,19 @@ def install_or_check_schema(engine: Engine, url: str) -> None:
                     "Run the Tidemark release that matches it, or point TIDEMARK_STATE_URL "
                     "at a new database.",
                 )
+
+
+def _migrate(conn: Connection, found: int) -> bool:
+    """Bring a store of version `found` up to this schema; False when no path leads there."""
+    if any(v not in schema.MIGRATIONS for v in range(found, schema.SCHEMA_VERSION)):
+        return False
+    versions = schema.schema_version
+    # Row lock, then read again: of two processes opening an old store at once, the second
+    # waits here and then finds the work done (SQLite's BEGIN IMMEDIATE already serializes).
+    conn.execute(select(versions.c.version).where(versions.c.version == found).with_for_update())
+    current = conn.execute(select(func.max(versions.c.version))).scalar()
+    for version in range(current, schema.SCHEMA_VERSION):
+        for statement in schema.MIGRATIONS[version]:
+            conn.execute(text(statement))
+        conn.execute(insert(versions).values(version=version + 1, installed_at=schema.utc_now()))
+    return True

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from state.schema import utc_now
+from tidemark.tokens import SourceIdentity
 
 # Where a batch of the manifest came from: a drain of the change stream, a chunk of a
 # snapshot, or a replay of a past window (which never moves the checkpoint).
@@ -37,6 +38,7 @@ class Checkpoint:
     fingerprint: str
     version: int  # compare-and-set counter: a commit names the version it started from
     updated_at: datetime
+    source: SourceIdentity | None = None  # the deployment the position came from; None: unseen
 
     @property
     def has_position(self) -> bool:
@@ -60,15 +62,22 @@ class NewPosition:
     token_is_invalidate: bool = False
     start_at_operation_time: int | None = None
     cluster_time: int | None = None
+    source: SourceIdentity | None = None  # the deployment it belongs to; None keeps the stored
 
     def columns(self) -> dict[str, Any]:
         """The checkpoint columns this position sets."""
-        return {
+        columns = {
             "token": self.token,
             "token_is_invalidate": self.token_is_invalidate,
             "start_at_operation_time": self.start_at_operation_time,
             "cluster_time": self.cluster_time,
         }
+        return {**columns, **source_columns(self.source)} if self.source else columns
+
+
+def source_columns(source: SourceIdentity) -> dict[str, Any]:
+    """The checkpoint columns that record `source`."""
+    return {"source_kind": source.kind, "source_set": source.set_name, "source_id": source.id}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_VERSION = 3  # 2: snapshots; 3: current as base + deltas, change log per run
+SCHEMA_VERSION = 4  # 2: snapshots; 3: current as base + deltas, change log per run;
+# 4: the source deployment of a checkpoint (MIGRATIONS adds its columns to a version-3 store)
 
 
 class UTCDateTime(TypeDecorator):
@@ -78,6 +79,10 @@ checkpoints = Table(
     Column("fingerprint", String(64), nullable=False),
     Column("version", Integer, nullable=False),  # compare-and-set counter
     Column("updated_at", UTCDateTime, nullable=False),
+    # The deployment the position came from (tokens.SourceIdentity); NULL until first seen.
+    Column("source_kind", String(16)),
+    Column("source_set", String(200)),
+    Column("source_id", String(64)),
 )
 
 leases = Table(
@@ -182,3 +187,14 @@ snapshots = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime),
 )
+
+
+# What turns a store of version N into version N + 1, in one transaction: only added nullable
+# columns so far, which every store of the older version takes as is.
+MIGRATIONS: dict[int, list[str]] = {
+    3: [
+        "ALTER TABLE tidemark_checkpoints ADD COLUMN source_kind VARCHAR(16)",
+        "ALTER TABLE tidemark_checkpoints ADD COLUMN source_set VARCHAR(200)",
+        "ALTER TABLE tidemark_checkpoints ADD COLUMN source_id VARCHAR(64)",
+    ],
+}

@@ -20,14 +20,19 @@ from state.checkpoints import move_checkpoint
 from state.records import NewPosition, SnapshotRecord, SnapshotStatus
 from state.schema import utc_now
 from tidemark.errors import CheckpointConflict
+from tidemark.tokens import SourceIdentity
 
 
 def start_snapshot(
-    conn: Connection, snapshot: SnapshotRecord, actor: str, supersedes: str | None = None
+    conn: Connection,
+    snapshot: SnapshotRecord,
+    actor: str,
+    supersedes: str | None = None,
+    source: SourceIdentity | None = None,
 ) -> None:
-    """Record `snapshot` and move its stream's checkpoint to the snapshot's time T; the
-    snapshot `supersedes` names, a copy begun afresh, is marked superseded (its chunks are
-    never folded)."""
+    """Record `snapshot` and move its stream's checkpoint to the snapshot's time T on `source`
+    (None: the deployment stored); the snapshot `supersedes` names, a copy begun afresh, is
+    marked superseded (its chunks are never folded)."""
     if supersedes is not None:
         s = schema.snapshots
         superseded: SnapshotStatus = "superseded"
@@ -45,6 +50,7 @@ def start_snapshot(
         NewPosition(
             start_at_operation_time=snapshot.cluster_time,
             cluster_time=snapshot.cluster_time,
+            source=source,
         ),
         f"snapshot {snapshot.id} ({snapshot.reason})",
         actor,

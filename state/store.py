@@ -35,6 +35,7 @@ from state.records import (
     SnapshotRecord,
 )
 from tidemark.config import StreamConfig
+from tidemark.tokens import SourceIdentity
 
 
 class StateStore:
@@ -81,16 +82,37 @@ class StateStore:
 
     # -- streams and checkpoints ---------------------------------------------------------
 
-    def ensure_stream(self, stream: StreamConfig) -> Checkpoint:
-        """Register the stream, or check that its definition still matches its checkpoint;
-        returns the checkpoint (see `checkpoints.ensure_stream` for the steps).
+    def ensure_stream(
+        self,
+        stream: StreamConfig,
+        source: SourceIdentity | None = None,
+        new_source_ok: bool = False,
+    ) -> Checkpoint:
+        """Register the stream, or check that its definition still matches its checkpoint,
+        and that its position came from `source` (the deployment the run reaches; adopted
+        by a checkpoint that names none yet); returns the checkpoint (see
+        `checkpoints.ensure_stream` for the steps).
 
         Raises:
             StreamDefinitionChanged: the definition changed since the checkpoint was taken.
+            SourceChanged: the position came from another deployment than `source`.
             StateStoreError: the database failed.
         """
         with self.transaction("stream registration") as conn:
-            return checkpoints.ensure_stream(conn, stream)
+            return checkpoints.ensure_stream(conn, stream, source, new_source_ok)
+
+    def check_source(self, stream: StreamConfig, source: SourceIdentity) -> Checkpoint:
+        """Register the stream if it is new, and check that its position came from `source`
+        (see `checkpoints.check_source`); for runs that read by time without resuming
+        (replay), whose batches must still come from the stream's deployment.
+
+        Raises:
+            SourceChanged: the position came from another deployment than `source`.
+            StateStoreError: the database failed.
+        """
+        with self.transaction("source check") as conn:
+            checkpoints.ensure_stream_row(conn, stream)
+            return checkpoints.check_source(conn, stream.name, source)
 
     def ensure_stream_row(self, stream: StreamConfig) -> None:
         """Register the stream if it is new, without checking its definition (used by reset
@@ -282,20 +304,26 @@ class StateStore:
     # -- snapshots -----------------------------------------------------------------------
 
     def start_snapshot(
-        self, lease: Lease, snapshot: SnapshotRecord, actor: str, supersedes: str | None = None
+        self,
+        lease: Lease,
+        snapshot: SnapshotRecord,
+        actor: str,
+        supersedes: str | None = None,
+        source: SourceIdentity | None = None,
     ) -> None:
         """Start `snapshot` in one transaction.
 
         1. Fence the lease.
         2. Record the snapshot (and mark the running one it `supersedes` superseded).
-        3. Move the checkpoint to the snapshot's time T, recorded in the reset history.
+        3. Move the checkpoint to the snapshot's time T on `source` (None: the deployment
+           stored), recorded in the reset history.
 
         Raises:
             LeaseLost: the lease was taken over.
             StateStoreError: the database failed.
         """
         with self.fenced_transaction("snapshot start", lease, CAPTURE_LEASE_TTL) as conn:
-            snapshots.start_snapshot(conn, snapshot, actor, supersedes)
+            snapshots.start_snapshot(conn, snapshot, actor, supersedes, source)
 
     def commit_snapshot_chunk(
         self, lease: Lease, snapshot: SnapshotRecord, batch: BatchRecord | None, done: bool

@@ -93,3 +93,14 @@ class SnapshotPipelineError(TidemarkError):
 
 class DagsterUiRunning(TidemarkError):
     """`tidemark ui` found the home's Dagster UI already running."""
+
+
+# -- issue 23: the source a checkpoint belongs to, and the lake's location ---------------------
+
+
+class SourceChanged(TidemarkError):
+    """MONGODB_URI reaches another deployment than the one the stream's checkpoint came from."""
+
+
+class LakeNotLocal(LakeError):
+    """TIDEMARK_LAKE is a URL (s3://, gs://, ...): only a local path is supported yet."""

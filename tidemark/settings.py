@@ -8,14 +8,45 @@ demo and nothing generated lands in the source tree by accident.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from tidemark.errors import LakeNotLocal
+
+# scheme://... as in RFC 3986; a Windows drive (C:\\lake) has no "//" after its colon.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def tidemark_home() -> Path:
     """`TIDEMARK_HOME`, else `~/.tidemark`."""
     raw = os.environ.get("TIDEMARK_HOME")
     return Path(raw).expanduser().resolve() if raw else Path.home() / ".tidemark"
+
+
+def lake_path(raw: str) -> Path:
+    """The lake root `raw` names, as an absolute local path; the one place every entry point
+    (the CLI, the Dagster resources) turns TIDEMARK_LAKE into a path.
+
+    `file:///abs/path` is that local path. Any other URL is refused: a Path would take
+    `s3://bucket/lake` for the relative directory `s3:/bucket/lake` and write the lake there.
+
+    Raises:
+        LakeNotLocal: `raw` is a URL other than a local file URL.
+    """
+    if _URL.match(raw):
+        parts = urlsplit(raw)
+        if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+            raise LakeNotLocal(
+                f"TIDEMARK_LAKE is {raw!r}, a URL: the lake must be a local path for now "
+                "(object storage such as S3, GCS or ADLS is not supported yet), and "
+                "Tidemark writes nothing rather than take it for a directory name.",
+                "Set TIDEMARK_LAKE to a local directory (a mounted network file system "
+                "works), e.g. /data/tidemark/lake, or leave it unset for $TIDEMARK_HOME/lake.",
+            )
+        raw = unquote(parts.path)
+    return Path(raw).expanduser().resolve()
 
 
 @dataclass(frozen=True)
@@ -40,7 +71,7 @@ class Settings:
             home=home,
             config_path=Path(config).expanduser().resolve(),
             state_url=state_url,
-            lake_root=Path(lake).expanduser().resolve(),
+            lake_root=lake_path(lake),
             mongodb_uri=os.environ.get("MONGODB_URI") or None,
             spark_master=os.environ.get("TIDEMARK_SPARK_MASTER") or None,
             spark_remote=os.environ.get("TIDEMARK_SPARK_REMOTE") or None,

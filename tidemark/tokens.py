@@ -8,8 +8,9 @@ status and metrics show the time of any token, postBatchResumeTokens included.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from bson import Timestamp, json_util
 from bson.json_util import JSONMode, JSONOptions
@@ -103,3 +104,41 @@ def token_from_json(text: str) -> dict[str, Any]:
     if not isinstance(value, dict) or "_data" not in value:
         raise ValueError("a resume token is a document with a '_data' field")
     return value
+
+
+# -- the deployment a token belongs to -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceIdentity:
+    """Which deployment a resume token (or a cluster time) came from.
+
+    A token from one replica set opens a change stream on another without a word when its
+    time lies in the other's oplog, so the checkpoint keeps the deployment it was taken on.
+    `id` is the replica set's `replicaSetId` (chosen at `rs.initiate()`, kept for the set's
+    life; elections change `electionId` and `topologyVersion`, never it) or, behind mongos, the
+    config servers' `clusterId`; None when the user may not read it, and then only the set
+    name is compared.
+    """
+
+    kind: Literal["replica_set", "sharded"]
+    set_name: str | None  # the replica set's name; None behind mongos
+    id: str | None  # hex ObjectId: replicaSetId, or the sharded cluster's clusterId
+
+    def describe(self) -> str:
+        if self.kind == "sharded":
+            return f"the sharded cluster with clusterId {self.id or 'unknown'}"
+        return f"replica set {self.set_name!r} (replicaSetId {self.id or 'unknown'})"
+
+    def differs_from(self, current: SourceIdentity) -> bool:
+        """True when `current` is surely another deployment than this stored one; a part
+        either side could not read is not compared."""
+        if self.kind != current.kind:
+            return True
+        if self.set_name and current.set_name and self.set_name != current.set_name:
+            return True
+        return bool(self.id and current.id and self.id != current.id)
+
+    def completed_by(self, current: SourceIdentity) -> SourceIdentity:
+        """This identity with the parts it lacks taken from `current` (the same deployment)."""
+        return SourceIdentity(self.kind, self.set_name or current.set_name, self.id or current.id)

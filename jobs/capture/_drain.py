@@ -32,7 +32,7 @@ from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
 from jobs.progress import Meter, ProgressCallback
-from resources.mongo import cluster_time
+from resources.mongo import cluster_time, source_identity
 from state import (
     Checkpoint,
     FileEntry,
@@ -46,6 +46,7 @@ from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
 from tidemark.tokens import (
+    SourceIdentity,
     datetime_to_ts,
     is_high_water_mark,
     pack_ts,
@@ -165,13 +166,15 @@ def drain(
     started_at = datetime.now(UTC)
     clock = time.monotonic()
     ensure_writable(lake_root)
+    source = source_identity(client)
     lease = store.acquire_lease(stream.name, CAPTURE_LEASE_TTL)
     try:
         # Under the lease: a run that may not drain must not change the stream's definition
         # either, or the running one would commit its token under the other's fingerprint.
-        store.ensure_stream(stream)
+        # A resnapshot may start on another deployment: its start records that one.
+        store.ensure_stream(stream, source, new_source_ok=resnapshot)
         snapshot = _snapshot_phase(
-            stream, client, store, lake_root, lease, resnapshot, after_chunk, progress
+            stream, client, store, lake_root, lease, resnapshot, after_chunk, progress, source
         )
         for attempt in (1, 2):
             if snapshot is not None and snapshot.status != "done":
@@ -188,6 +191,7 @@ def drain(
                     before_commit,
                     flush_rows,
                     snapshot,
+                    source,
                     progress,
                 )
             except HistoryLost:
@@ -199,7 +203,7 @@ def drain(
                 if not result.collection_replaced or attempt == 2:
                     return result
                 reason = "collection replaced by a rename"
-            snapshot = begin_snapshot(stream, client, store, lease, reason)
+            snapshot = begin_snapshot(stream, client, store, lease, reason, source=source)
             snapshot = copy_chunks(
                 stream, client, store, lake_root, lease, snapshot, after_chunk, progress
             )
@@ -233,15 +237,26 @@ def _snapshot_phase(
     resnapshot: bool,
     after_chunk: Callable[[SnapshotRecord], None] | None,
     progress: ProgressCallback | None,
+    source: SourceIdentity,
 ) -> SnapshotRecord | None:
     """Begin or continue a snapshot when one is due; None when there is none to do."""
     snapshot = store.running_snapshot(stream.name)
     checkpoint = store.checkpoint(stream.name)
     assert checkpoint is not None
-    if snapshot is None and resnapshot:
-        snapshot = begin_snapshot(stream, client, store, lease, "resnapshot requested")
+    # A resnapshot on another deployment never continues a copy begun on the old one.
+    moved = checkpoint.source is not None and checkpoint.source.differs_from(source)
+    if resnapshot and (snapshot is None or moved):
+        snapshot = begin_snapshot(
+            stream,
+            client,
+            store,
+            lease,
+            "resnapshot requested" + (" on another deployment" if moved else ""),
+            supersedes=snapshot.id if snapshot is not None else None,
+            source=source,
+        )
     elif snapshot is None and stream.start == "snapshot" and not checkpoint.has_position:
-        snapshot = begin_snapshot(stream, client, store, lease, "initial")
+        snapshot = begin_snapshot(stream, client, store, lease, "initial", source=source)
     if snapshot is None:
         return None
     return copy_chunks(stream, client, store, lake_root, lease, snapshot, after_chunk, progress)
@@ -296,6 +311,7 @@ def _incremental(
     before_commit: Callable[[list[FileEntry]], None] | None,
     flush_rows: int,
     snapshot: SnapshotRecord | None,
+    source: SourceIdentity,
     progress: ProgressCallback | None = None,
 ) -> DrainResult:
     checkpoint = store.checkpoint(stream.name)  # as of holding the lease
@@ -352,6 +368,7 @@ def _incremental(
             token=token_json,
             token_is_invalidate=got.invalidated,
             cluster_time=pack_ts(token_ts) if token_ts else None,
+            source=source,
         )
     batch = None
     if got.events:

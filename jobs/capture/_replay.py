@@ -24,7 +24,7 @@ from jobs.capture.capture_pass import (
 )
 from jobs.capture.writer import RawBatchWriter
 from jobs.lake import ensure_writable
-from resources.mongo import cluster_time, oplog_window
+from resources.mongo import cluster_time, oplog_window, source_identity
 from state import FileEntry, StateStore, new_batch_id
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
@@ -78,7 +78,8 @@ def replay(
     clock = time.monotonic()
     ensure_writable(lake_root)
     check_window(stream.name, client, start, end)
-    store.ensure_stream_row(stream)
+    # The window is read by time, but its events join the stream's: from its deployment only.
+    store.check_source(stream, source_identity(client))
     lease = store.acquire_lease(replay_lease(stream.name), CAPTURE_LEASE_TTL)
     try:
         start_ts, end_ts = datetime_to_ts(start), datetime_to_ts(end)

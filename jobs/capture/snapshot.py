@@ -53,7 +53,7 @@ from resources.mongo import RAW_CODEC, cluster_time
 from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
-from tidemark.tokens import next_tick, pack_ts, unpack_ts
+from tidemark.tokens import SourceIdentity, next_tick, pack_ts, unpack_ts
 
 
 def snapshot_event_id(at: Timestamp, suffix: str) -> str:
@@ -86,6 +86,7 @@ def begin_snapshot(
     reason: str,
     actor: str = "tidemark",
     supersedes: str | None = None,
+    source: SourceIdentity | None = None,  # the deployment T belongs to; None: the stored one
 ) -> SnapshotRecord:
     # T is just after the newest operation: the copy holds the result of every operation up to
     # it, that one too, so the change stream goes on after it and the snapshot's rows sort
@@ -106,7 +107,7 @@ def begin_snapshot(
         status="running",
         started_at=datetime.now(UTC),
     )
-    store.start_snapshot(lease, snapshot, actor, supersedes)
+    store.start_snapshot(lease, snapshot, actor, supersedes, source)
     return snapshot
 
 

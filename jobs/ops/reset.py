@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from pymongo import MongoClient
 
-from resources.mongo import cluster_time, oplog_window
+from resources.mongo import cluster_time, oplog_window, source_identity
 from state import NewPosition, StateStore
 from state.leases import RESET_LEASE_TTL
 from tidemark.config import StreamConfig
@@ -22,7 +22,8 @@ def reset_stream(
     to_time: datetime | None,
     actor: str,
 ) -> datetime:
-    """Point the stream at `to_time` (None: now) under its current definition; returns the time."""
+    """Point the stream at `to_time` (None: now) under its current definition, on the
+    deployment `client` reaches (recorded with the position); returns the time."""
     if to_time is None:
         target = cluster_time(client)
         description = "now"
@@ -52,7 +53,11 @@ def reset_stream(
         store.reset_checkpoint(
             lease,
             stream,
-            NewPosition(start_at_operation_time=pack_ts(target), cluster_time=pack_ts(target)),
+            NewPosition(
+                start_at_operation_time=pack_ts(target),
+                cluster_time=pack_ts(target),
+                source=source_identity(client),
+            ),
             description,
             actor,
         )
