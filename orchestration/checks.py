@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from jobs.ops import source_count, stream_status, uncommitted_files
+from jobs.ops import missing_namespace, source_count, stream_status, uncommitted_files
 from orchestration.assets import keys
 from orchestration.metadata import explained
 from orchestration.resources import LakeResource, MongoResource, StateStoreResource
@@ -99,7 +99,22 @@ def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
             },
         )
 
+    @dg.asset_check(asset=k["raw_changes"], name="watched_namespace_exists", blocking=False)
+    def namespace(mongo: MongoResource) -> dg.AssetCheckResult:
+        """The collection or database the stream watches exists: a stream on one that does not
+        reads nothing until it is created (a warning, never a failure of the stream)."""
+        with explained():
+            missing = missing_namespace(mongo.raw_client(), stream)
+        return dg.AssetCheckResult(
+            passed=missing is None,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"watches": stream.namespace},
+            description=missing,
+        )
+
     checks = [lag, headroom, orphans]
+    if stream.scope != "cluster":
+        checks.append(namespace)
     if stream.current_table:
 
         @dg.asset_check(asset=k["current"], name="row_count_matches_source", blocking=False)
