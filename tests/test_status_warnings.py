@@ -59,9 +59,7 @@ def test_a_database_stream_on_a_missing_database_warns(env, client, db_name, cap
     assert "does not exist" not in capsys.readouterr().out
 
 
-def test_status_says_a_stream_stopped_at_an_invalidate_and_what_to_do(
-    env, client, db_name, capsys
-):
+def test_status_says_a_stream_stopped_at_an_invalidate_and_what_to_do(env, client, db_name, capsys):
     env("    on_invalidate: stop\n")
     client[db_name]["orders"].insert_one({"_id": 0})
     assert main(["drain", "orders"]) == 0
