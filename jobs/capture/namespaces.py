@@ -25,15 +25,23 @@ def watched_collections(client: MongoClient, stream: StreamConfig) -> list[tuple
     if stream.scope == "collection":
         assert stream.database and stream.collection
         return [(stream.database, stream.collection)]
+    # authorized*: a capture user without listDatabases / listCollections (the README's
+    # least-privilege role) still gets the names it may read.
     databases = (
         [stream.database]
         if stream.database is not None
-        else [d for d in client.list_database_names() if d not in _INTERNAL_DATABASES]
+        else [
+            d
+            for d in client.list_database_names(authorizedDatabases=True)
+            if d not in _INTERNAL_DATABASES
+        ]
     )
     found = []
     for db in databases:
-        names = client[db].list_collection_names(filter={"type": "collection"})
-        found += [(db, c) for c in names if not c.startswith("system.")]
+        listed = client[db].list_collections(
+            filter={"type": "collection"}, nameOnly=True, authorizedCollections=True
+        )
+        found += [(db, c["name"]) for c in listed if not c["name"].startswith("system.")]
     return sorted(found)
 
 
