@@ -8,6 +8,7 @@ import pytest
 
 from jobs.capture import drain_until_caught_up
 from jobs.transform import read_current, transform
+from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import canonical, current_state
 from tidemark.config import StreamConfig
 from tidemark.errors import ConfigError
@@ -173,3 +174,22 @@ def test_a_refused_pipeline_is_one_config_error_naming_the_fix(tmp_path):
         load_config(path)
     assert "current_table: false" in str(refused.value)
     assert fold_problem([{"$match": ACTIVE}, {"$unset": "fullDocument.x"}]) is None
+
+
+def test_a_namespace_condition_still_keeps_other_collections_out(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """The widened filter, as the server runs it: the watched collection's deletes and
+    drop pass, another collection's stay out."""
+    match = {"ns.coll": "orders", "fullDocument.status": "active"}
+    stream = make_stream(collection=None, pipeline=[{"$match": match}])
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    for coll in ("orders", "other"):
+        client[db_name][coll].insert_many(_docs(0, 4))  # 0 and 2 active
+        client[db_name][coll].delete_many({})
+    client[db_name]["other"].drop()
+    client[db_name]["orders"].drop()
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    table = committed_table(sqlite_store, lake, stream.name)
+    seen = sorted(zip(table.column("operation_type").to_pylist(), table.column("coll").to_pylist()))
+    assert seen == [("delete", "orders")] * 4 + [("drop", "orders")] + [("insert", "orders")] * 2
