@@ -191,5 +191,6 @@ def test_a_namespace_condition_still_keeps_other_collections_out(
     client[db_name]["orders"].drop()
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     table = committed_table(sqlite_store, lake, stream.name)
-    seen = sorted(zip(table.column("operation_type").to_pylist(), table.column("coll").to_pylist()))
+    operations, colls = table.column("operation_type").to_pylist(), table.column("coll").to_pylist()
+    seen = sorted(zip(operations, colls, strict=True))
     assert seen == [("delete", "orders")] * 4 + [("drop", "orders")] + [("insert", "orders")] * 2
