@@ -137,6 +137,8 @@ def stream_assets(
                 progress=progress_log(context),
             )
             status = stream_status(stream, mongo.raw_client(), state.store())
+        for warning in result.warnings:
+            context.log.warning(warning)
         location = stream_root(lake.path, stream.name)
         return dg.MaterializeResult(
             metadata=drain_metadata(result, status, location),

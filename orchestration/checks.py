@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from jobs.ops import source_count, stream_status, uncommitted_files
+from jobs.ops import missing_namespace, source_count, stream_status, uncommitted_files
 from orchestration.assets import keys
 from orchestration.metadata import explained
 from orchestration.resources import LakeResource, MongoResource, StateStoreResource
@@ -99,25 +99,47 @@ def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
             },
         )
 
+    @dg.asset_check(asset=k["raw_changes"], name="watched_namespace_exists", blocking=False)
+    def namespace(mongo: MongoResource) -> dg.AssetCheckResult:
+        """The collection or database the stream watches exists: a stream on one that does not
+        reads nothing until it is created (a warning, never a failure of the stream)."""
+        with explained():
+            missing = missing_namespace(mongo.raw_client(), stream)
+        return dg.AssetCheckResult(
+            passed=missing is None,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"watches": stream.namespace},
+            description=missing,
+        )
+
     checks = [lag, headroom, orphans]
-    if stream.current_table and stream.scope == "collection":
+    if stream.scope != "cluster":
+        checks.append(namespace)
+    if stream.current_table:
 
         @dg.asset_check(asset=k["current"], name="row_count_matches_source", blocking=False)
         def row_count(mongo: MongoResource, state: StateStoreResource) -> dg.AssetCheckResult:
-            """Rows in the newest `current` version against count_documents on the source (a
-            difference is expected while writes continue after the run's token)."""
+            """Rows in the newest `current` version against the source's documents that the
+            stream's pipeline lets through (a difference is expected while writes continue
+            after the run's token)."""
             with explained():
                 latest = TransformState(state.store()).latest_version(stream.name)
                 expected = source_count(mongo.client(), stream)
             rows = latest.rows if latest else 0
+            metadata: dict[str, object] = {
+                "current_rows": rows,
+                "source_documents": expected.total,
+                "difference": rows - expected.total,
+                "counted_by": expected.how,
+            }
+            if stream.scope != "collection":
+                metadata["source_documents_by_collection"] = dg.MetadataValue.json(
+                    expected.by_collection
+                )
             return dg.AssetCheckResult(
-                passed=rows == expected,
+                passed=rows == expected.total,
                 severity=dg.AssetCheckSeverity.WARN,
-                metadata={
-                    "current_rows": rows,
-                    "source_documents": expected,
-                    "difference": rows - expected,
-                },
+                metadata=metadata,
             )
 
         checks.append(row_count)

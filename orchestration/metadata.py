@@ -91,6 +91,8 @@ def drain_metadata(
             metadata["oplog_headroom_seconds"] = _seconds(status.headroom_seconds)
         if status.oplog_window_seconds is not None:
             metadata["oplog_window_seconds"] = _seconds(status.oplog_window_seconds)
+    if result.warnings:
+        metadata["warnings"] = dg.MetadataValue.md("\n".join(f"- {w}" for w in result.warnings))
     if location is not None:
         metadata["dagster/uri"] = location.as_uri()
     return metadata

@@ -31,6 +31,7 @@ from tidemark.errors import (
 )
 from tidemark.tokens import token_cluster_time, token_from_json, token_to_json
 
+# Hides drops and invalidates: a change log only (with current_table on they pass any $match).
 CRUD_ONLY = [{"$match": {"operationType": {"$in": ["insert", "update", "replace", "delete"]}}}]
 
 
@@ -86,7 +87,9 @@ def test_a_pipeline_that_hides_invalidate_follows_the_re_created_collection(
     client, raw_client, sqlite_store, lake, make_stream, db_name, scope
 ):
     collection = "orders" if scope == "collection" else None
-    stream = make_stream(pipeline=CRUD_ONLY, collection=collection, on_invalidate="continue")
+    stream = make_stream(
+        pipeline=CRUD_ONLY, collection=collection, on_invalidate="continue", current_table=False
+    )
     client[db_name]["orders"].insert_one({"_id": "before"})
     drain(stream, raw_client, sqlite_store, lake)
     client[db_name]["orders"].insert_one({"_id": "old"})
@@ -105,7 +108,7 @@ def test_a_pipeline_that_hides_invalidate_follows_the_re_created_collection(
 def test_a_pipeline_that_hides_invalidate_stops_clearly_when_asked(
     client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    stream = make_stream(pipeline=CRUD_ONLY, on_invalidate="stop")
+    stream = make_stream(pipeline=CRUD_ONLY, on_invalidate="stop", current_table=False)
     drain(stream, raw_client, sqlite_store, lake)
     client[db_name]["orders"].insert_one({"_id": "old"})
     client[db_name]["orders"].drop()
@@ -120,7 +123,7 @@ def test_a_checkpoint_holding_an_unflagged_invalidate_token_resumes_with_start_a
 ):
     """Stores written before closed cursors were detected hold the invalidate token as a
     plain one; the server refuses resumeAfter from it, and the next run must recover."""
-    stream = make_stream(pipeline=CRUD_ONLY)
+    stream = make_stream(pipeline=CRUD_ONLY, current_table=False)
     drain(stream, raw_client, sqlite_store, lake)
     start = token_from_json(sqlite_store.checkpoint(stream.name).token)
     client[db_name]["orders"].insert_one({"_id": "before-drop"})  # a collection to drop

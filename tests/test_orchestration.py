@@ -138,6 +138,7 @@ def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):
         "lag": True,
         "oplog_headroom": True,
         "no_uncommitted_files": True,
+        "watched_namespace_exists": True,
         "row_count_matches_source": True,
     }
     headroom = next(

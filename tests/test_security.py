@@ -9,11 +9,12 @@ import dagster as dg
 import pytest
 from pymongo import MongoClient
 
+from jobs.ops import missing_namespace
 from orchestration.definitions import build_definitions
 from orchestration.resources import build_resources
 from tests.helpers.credentials import SECRET
 from tidemark.cli.commands import main
-from tidemark.config import TidemarkConfig
+from tidemark.config import StreamConfig, TidemarkConfig
 
 
 def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
@@ -55,6 +56,18 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
     }
     raw = next(e for e in materialized if e.asset_key == dg.AssetKey(["orders", "raw_changes"]))
     assert raw.materialization.metadata["events_insert"].value == 5
+    # The role has no listCollections: the collection is still seen to exist.
+    assert "warnings" not in raw.materialization.metadata
+    namespace_checks = [
+        e.asset_check_evaluation_data.passed
+        for e in run.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        and e.asset_check_evaluation_data.check_name == "watched_namespace_exists"
+    ]
+    assert namespace_checks == [True]
+    with MongoClient(uri) as capture:  # and a missing one is seen to be missing
+        gone = StreamConfig(name="gone", database="shop", collection="nothing")
+        assert "does not exist" in (missing_namespace(capture, gone) or "")
 
     # The CLI too, with the URI in the environment, including a failing command.
     config_file = tmp_path / "streams.yaml"

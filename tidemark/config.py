@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from tidemark.errors import ConfigError, UnknownStream
-from tidemark.pipeline_stages import exclusion_stages, stage_problem
+from tidemark.pipeline_stages import exclusion_stages, fold_problem, stage_problem
 
 SLUG_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 
@@ -231,6 +231,15 @@ class StreamConfig(BaseModel):
                 "old document: set full_document to required (with pre- and post-images enabled "
                 "on the collection) or updateLookup, or set current_table: false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _current_needs_its_events(self) -> StreamConfig:
+        # Deletes and namespace events pass every $match while current_table is on
+        # (pipeline_stages.capture_pipeline); a stage Tidemark cannot widen is refused.
+        problem = fold_problem(self.pipeline) if self.current_table else None
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property

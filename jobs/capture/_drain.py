@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -27,6 +27,7 @@ from jobs.capture.capture_pass import (
     batch_record,
     capture_pass,
 )
+from jobs.capture.namespaces import missing_namespace
 from jobs.capture.server_errors import ResumedFromInvalidate
 from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
@@ -79,6 +80,9 @@ class DrainResult:
     snapshot: SnapshotRecord | None = None  # the snapshot this run copied chunks of, if any
     # A rename replaced the watched collection (its position was not moved: a copy is due).
     collection_replaced: bool = False
+    # What the operator should know though nothing failed (a watched namespace that does not
+    # exist: the stream reads nothing until it is created).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def file_bytes(self) -> int:
@@ -178,7 +182,9 @@ def drain(
         )
         for attempt in (1, 2):
             if snapshot is not None and snapshot.status != "done":
-                return _snapshot_result(stream, snapshot, started_at, clock)
+                return _warned(
+                    _snapshot_result(stream, snapshot, started_at, clock), stream, client
+                )
             try:
                 result = _incremental(
                     stream,
@@ -201,7 +207,7 @@ def drain(
             else:
                 # A second rename-in after the copy: the unmoved position redoes it next run.
                 if not result.collection_replaced or attempt == 2:
-                    return result
+                    return _warned(result, stream, client)
                 reason = "collection replaced by a rename"
             snapshot = begin_snapshot(stream, client, store, lease, reason, source=source)
             snapshot = copy_chunks(
@@ -213,6 +219,13 @@ def drain(
         # expires, or is taken over once this process has ended.
         with contextlib.suppress(StateStoreError):
             store.release_lease(lease)
+
+
+def _warned(result: DrainResult, stream: StreamConfig, client: MongoClient) -> DrainResult:
+    """The result with a warning when the watched namespace does not exist (the run is not
+    failed: a stream may wait for its collection to be created)."""
+    missing = missing_namespace(client, stream)
+    return replace(result, warnings=[*result.warnings, missing]) if missing else result
 
 
 def drain_until_caught_up(

@@ -40,6 +40,7 @@ from state import BatchRecord, BatchSource, FileEntry
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
+from tidemark.pipeline_stages import capture_pipeline
 from tidemark.tokens import pack_ts
 
 # How long a replay waits for the server to confirm its window's end (majority lag).
@@ -129,7 +130,9 @@ def open_reader(
         stream.database,
         stream.collection,
         options,
-        stream.mongo_pipeline(),
+        # Deletes and namespace events pass the stream's $match stages while it feeds
+        # `current` (the pipeline's own rule; its fingerprint is of the stages as written).
+        capture_pipeline(stream.mongo_pipeline(), stream.current_table),
         batch_size=stream.batch_size,
         max_await_time_ms=stream.max_await_time_ms,
         is_past_end=bounds.is_past_end,

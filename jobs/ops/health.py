@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pymongo import MongoClient
 
+from jobs.capture.namespaces import watched_collections
 from jobs.lake import relative
 from jobs.raw_zone import stream_files
 from state import StateStore
@@ -26,6 +29,95 @@ def uncommitted_files(
     ]
 
 
-def source_count(client: MongoClient, stream: StreamConfig) -> int:
-    assert stream.database and stream.collection
-    return client[stream.database][stream.collection].count_documents({})
+@dataclass(frozen=True)
+class SourceCount:
+    """The documents of the source that `current` should hold: those whose insert event the
+    stream's pipeline lets through (the snapshot's rule), per watched collection."""
+
+    total: int
+    by_collection: dict[str, int] = field(default_factory=dict)  # "db.coll" -> documents
+    how: str = "count_documents"  # or "count_documents (filter translated)", "pipeline"
+
+
+def source_count(client: MongoClient, stream: StreamConfig) -> SourceCount:
+    """Count what the stream's pipeline lets through, collection by collection."""
+    pipeline = stream.mongo_pipeline()
+    query = _as_collection_query(pipeline)
+    counts = {}
+    for db, coll in watched_collections(client, stream):
+        collection = client[db][coll]
+        if query is not None:
+            counts[f"{db}.{coll}"] = collection.count_documents(query)
+        else:
+            counts[f"{db}.{coll}"] = _count_through(collection, db, coll, pipeline)
+    if not pipeline:
+        how = "count_documents"
+    elif query is not None:
+        how = "count_documents (filter translated)"
+    else:
+        how = "pipeline"
+    return SourceCount(sum(counts.values()), counts, how)
+
+
+def _count_through(collection: Any, db: str, coll: str, pipeline: list[dict[str, Any]]) -> int:
+    """The server runs the pipeline over each document's insert event, as the snapshot does
+    with `$documents` (`jobs.capture.snapshot.passed_by_pipeline`), built here from the
+    collection itself so nothing leaves the server but the count."""
+    insert_event = {
+        "operationType": "insert",
+        "clusterTime": "$$CLUSTER_TIME",
+        "ns": {"db": db, "coll": coll},  # names hold no '$': MongoDB forbids it
+        "documentKey": {"_id": "$_id"},
+        "fullDocument": "$$ROOT",
+    }
+    query = [{"$replaceWith": insert_event}, *pipeline, {"$count": "n"}]
+    found = list(collection.aggregate(query))
+    return int(found[0]["n"]) if found else 0
+
+
+_FULL_DOCUMENT = "fullDocument."
+_LOGICAL = ("$and", "$or", "$nor")
+# Operators whose meaning does not follow a field's path: such a filter is run as a pipeline.
+_OPAQUE = ("$expr", "$where", "$text", "$jsonSchema", "$comment")
+
+
+def _as_collection_query(pipeline: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A filter on the collection that passes exactly the documents the pipeline's insert
+    events pass, when the pipeline is `$match` stages on `fullDocument.` paths only (an
+    index can answer it); None otherwise. `{}` for no pipeline."""
+    filters = []
+    for stage in pipeline:
+        if list(stage) != ["$match"] or not isinstance(stage["$match"], dict):
+            return None
+        translated = _strip_prefix(stage["$match"])
+        if translated is None:
+            return None
+        filters.append(translated)
+    if len(filters) > 1:
+        return {"$and": filters}
+    return filters[0] if filters else {}
+
+
+def _strip_prefix(spec: dict[str, Any]) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key in _LOGICAL and isinstance(value, list):
+            parts = [_strip_prefix(v) if isinstance(v, dict) else None for v in value]
+            if any(p is None for p in parts):
+                return None
+            out[key] = parts
+        elif key.startswith(_FULL_DOCUMENT) and len(key) > len(_FULL_DOCUMENT):
+            if _mentions(value, _OPAQUE):
+                return None
+            out[key[len(_FULL_DOCUMENT) :]] = value
+        else:
+            return None  # operationType, ns, fullDocument itself, $expr ...: run the pipeline
+    return out
+
+
+def _mentions(value: Any, operators: tuple[str, ...]) -> bool:
+    if isinstance(value, dict):
+        return any(k in operators or _mentions(v, operators) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_mentions(v, operators) for v in value)
+    return False

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from pymongo import MongoClient
 
+from jobs.capture.namespaces import missing_namespace
 from resources.mongo import cluster_time, oplog_window
 from state import BatchRecord, StateStore
 from tidemark.config import StreamConfig
@@ -28,6 +29,38 @@ class StreamStatus:
     headroom_seconds: float | None  # time until the stored position falls off the oplog
     definition_changed: bool
     oplog_fill: float | None = None  # fraction of the oplog's maximum size in use
+    # The watched collection or database does not exist (a sentence), or None: the stream
+    # reads nothing until it is created, which may be what the operator waits for.
+    missing_namespace: str | None = None
+    # The checkpoint is an invalidate and on_invalidate is 'stop': drains refuse to go on.
+    stopped_at_invalidate: bool = False
+
+    @property
+    def condition(self) -> str:
+        """One word or two for a table: what most needs the operator's attention."""
+        if self.definition_changed:
+            return "CHANGED: reset needed"
+        if self.stopped_at_invalidate:
+            return "STOPPED at invalidate"
+        if self.missing_namespace:
+            return "WAITING: namespace missing"
+        return "ok"
+
+    def warnings(self) -> list[str]:
+        """Each thing `condition` flags, as a sentence naming what to do."""
+        found = []
+        if self.stopped_at_invalidate:
+            moment = f" at {self.position_time:%Y-%m-%d %H:%M:%S} UTC" if self.position_time else ""
+            found.append(
+                f"stream {self.stream} stopped at an invalidate{moment} ({self.namespace} was "
+                "dropped or renamed) and its on_invalidate is 'stop': nothing after it is "
+                "drained. Set on_invalidate: continue to follow a re-created collection (and "
+                f"`tidemark resnapshot {self.stream}` if another was renamed onto it), or "
+                f"`tidemark reset {self.stream} --to-now` to start afresh"
+            )
+        if self.missing_namespace:
+            found.append(f"stream {self.stream}: {self.missing_namespace}")
+        return found
 
     @property
     def oplog_is_young(self) -> bool:
@@ -63,6 +96,10 @@ def stream_status(stream: StreamConfig, client: MongoClient, store: StateStore) 
         oplog_window_seconds=window.seconds if window else None,
         headroom_seconds=headroom,
         definition_changed=bool(checkpoint and checkpoint.fingerprint != stream.fingerprint()),
+        missing_namespace=missing_namespace(client, stream),
+        stopped_at_invalidate=bool(
+            checkpoint and checkpoint.token_is_invalidate and stream.on_invalidate == "stop"
+        ),
         oplog_fill=(
             window.size_bytes / window.max_bytes
             if window and window.size_bytes and window.max_bytes

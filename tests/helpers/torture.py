@@ -51,6 +51,7 @@ from state import StateStore, TransformState
 from tests.helpers.oracle import burst, canonical, make_doc
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseHeld, StreamInvalidated, TidemarkError
+from tidemark.pipeline_stages import ALWAYS_PASSING_EVENTS
 from tidemark.tokens import (
     covered_until,
     is_high_water_mark,
@@ -805,10 +806,14 @@ def reference_events(raw: MongoClient, stream: StreamConfig, start: int) -> list
 
 
 def matches(stream: StreamConfig, event: Ref) -> bool:
-    """The stream's `$match` stages (the two forms the variants use), in Python."""
+    """The stream's `$match` stages (the two forms the variants use), in Python, with
+    Tidemark's rule: deletes and namespace events pass a non-namespace filter while the
+    stream feeds `current` (`tidemark.pipeline_stages.capture_pipeline`)."""
+    passes_filters = stream.current_table and event.op in ALWAYS_PASSING_EVENTS
     for stage in stream.pipeline:
         spec = stage.get("$match", {})
-        if "operationType" in spec and event.op not in spec["operationType"]["$in"]:
+        hidden = "operationType" in spec and event.op not in spec["operationType"]["$in"]
+        if hidden and not passes_filters:
             return False
         if "ns.db" in spec and event.db not in spec["ns.db"]["$in"]:
             return False

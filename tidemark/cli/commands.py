@@ -190,13 +190,16 @@ def _drain_table(results: list[DrainResult]) -> str:
                 f"{r.duration_s:.2f} s",
             ]
         )
-    return format_table(
+    table = format_table(
         ["stream", "events", "files", "bytes", "token time (UTC)", "stopped", "took"], rows
     )
+    warnings = [f"warning: stream {r.stream}: {w}." for r in results for w in r.warnings]
+    return "\n".join([table, *warnings])
 
 
 def _status(runtime: Runtime) -> int:
     rows = []
+    warnings: list[str] = []
     for stream in runtime.config.streams:
         s = stream_status(stream, runtime.client, runtime.store)
         last = s.last_batch
@@ -211,9 +214,10 @@ def _status(runtime: Runtime) -> int:
                 else "-",
                 human_seconds(s.oplog_window_seconds),
                 human_seconds(s.headroom_seconds),
-                "CHANGED: reset needed" if s.definition_changed else "ok",
+                s.condition,
             ]
         )
+        warnings += s.warnings()
     print(
         format_table(
             [
@@ -224,11 +228,13 @@ def _status(runtime: Runtime) -> int:
                 "last batch (UTC)",
                 "oplog window",
                 "headroom",
-                "definition",
+                "state",
             ],
             rows,
         )
     )
+    for warning in warnings:
+        print(f"warning: {warning}.")
     return 0
 
 
