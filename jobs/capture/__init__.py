@@ -7,9 +7,10 @@ rules in `resume`), written by `writer`; the event conversion is private (`_even
 BSON walker that the transform shares (`jobs.bson_buffer`).
 """
 
-from jobs.capture._drain import DrainResult, drain, drain_until_caught_up
+from jobs.capture._drain import drain, drain_until_caught_up
 from jobs.capture._replay import ReplayRefused, replay
 from jobs.capture.capture_pass import StopReason
+from jobs.capture.drain_result import DrainResult
 
 __all__ = [
     "DrainResult",

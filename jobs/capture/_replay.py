@@ -15,13 +15,13 @@ from pathlib import Path
 from bson import Timestamp
 from pymongo import MongoClient
 
-from jobs.capture._drain import DrainResult
 from jobs.capture.capture_pass import (
     PassBounds,
     batch_record,
     capture_pass,
     replay_lease,
 )
+from jobs.capture.drain_result import DrainResult
 from jobs.capture.writer import RawBatchWriter
 from jobs.lake import ensure_writable
 from resources.mongo import cluster_time, oplog_window, source_identity
