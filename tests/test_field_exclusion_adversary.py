@@ -48,6 +48,6 @@ def test_snapshot_rows_are_the_stored_documents_even_when_they_look_like_express
     coll.insert_many(documents)
     stream = make_stream(start="snapshot", exclude_fields=["email"])
     drain(stream, raw_client, sqlite_store, lake)
-    rows = [e["fullDocument"] for e in _events(sqlite_store, lake, stream.name) if "ns" in e]
+    rows = [e["fullDocument"] for e in _events(sqlite_store, lake, stream.name) if "fullDocument" in e]
     assert sorted(rows, key=lambda d: d["_id"]) == [_without(d, "email") for d in documents]
     assert not _scan(lake, SECRET.encode())
