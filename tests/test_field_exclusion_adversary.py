@@ -172,3 +172,60 @@ def test_fields_named_by_digits_are_not_array_positions(
     (update,) = [e for e in events if e["operationType"] == "update"]
     assert update["fullDocument"]["address"] == {"2024": {"street": kept}}
     assert update["updateDescription"]["updatedFields"] == {"address.2024.street": kept}
+
+
+# Tries a database-scope stream across a drop and re-creation of a collection, and a second
+# collection created after the snapshot: every document event goes through the same stages.
+def test_a_database_stream_across_a_drop_and_recreation(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    db = client[db_name]
+    db["a"].insert_one({"_id": 0, "email": _value(SECRET, "e"), "name": _value(KEPT, "n")})
+    stream = make_stream(collection=None, start="snapshot", exclude_fields=["email"])
+    drain(stream, raw_client, sqlite_store, lake)
+    db["a"].drop()
+    db["a"].insert_one({"_id": 1, "email": _value(SECRET, "e"), "name": _value(KEPT, "n")})
+    db["b"].insert_one({"_id": 2, "email": _value(SECRET, "e"), "name": _value(KEPT, "n")})
+    db["b"].update_one({"_id": 2}, {"$set": {"email": _value(SECRET, "e")}})
+    db["b"].replace_one({"_id": 2}, {"email": _value(SECRET, "e"), "name": _value(KEPT, "n")})
+    events = _drained(stream, raw_client, sqlite_store, lake)
+    assert sum("fullDocument" in e for e in events) == 5
+    assert not _scan(lake, SECRET.encode())
+
+
+# Tries an event over 16 MB (a large document's update with pre- and post-images), which the
+# server splits into fragments after the pipeline: the exclusion must run before the split.
+@pytest.mark.servers("6.0.27")
+def test_an_event_split_by_the_server_loses_the_field(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name].create_collection(
+        "orders", changeStreamPreAndPostImages={"enabled": True}
+    )
+    stream = make_stream(full_document_before_change="required", exclude_fields=["email"])
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_one({"_id": 1, "blob": "k" * (9 << 20), "email": _value(SECRET, "e")})
+    coll.update_one({"_id": 1}, {"$set": {"email": _value(SECRET, "e"), "n": KEPT}})
+    events = _drained(stream, raw_client, sqlite_store, lake)
+    (update,) = [e for e in events if e["operationType"] == "update"]
+    assert update["fullDocument"]["n"] == KEPT and "email" not in update["fullDocument"]
+    assert "email" not in update["fullDocumentBeforeChange"]
+    assert not _scan(lake, SECRET.encode())
+
+
+# Tries the server's own errors: a required pre-image that is missing stops the drain with
+# the server's message, which the user sees (terminal, Dagster's run log). It must not quote
+# the document, whose excluded fields the stages after the lookup would have removed.
+def test_a_missing_pre_image_error_does_not_quote_the_document(
+    client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]  # pre-images not enabled
+    stream = make_stream(full_document_before_change="required", exclude_fields=["email"])
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_one({"_id": 1, "email": _value(SECRET, "e")})
+    coll.update_one({"_id": 1}, {"$set": {"email": _value(SECRET, "e")}})
+    with pytest.raises(Exception) as raised:
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    assert "pre-image" in str(raised.value) or "preImage" in str(raised.value), raised.value
+    assert SECRET not in str(raised.value)
+    assert not _scan(lake, SECRET.encode())
