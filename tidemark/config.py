@@ -174,6 +174,18 @@ class StreamConfig(BaseModel):
                 )
             if problem:
                 raise ValueError(f"exclude_fields entry {path!r}: {problem}")
+        # The server refuses a $unset of a path and one under it, or of one path twice ("Path
+        # collision"): the stream would never open.
+        for index, path in enumerate(paths):
+            for other in paths[:index]:
+                if path == other:
+                    raise ValueError(f"exclude_fields lists {path!r} twice: list it once")
+                outer, inner = sorted((path, other), key=len)
+                if inner.startswith(outer + "."):
+                    raise ValueError(
+                        f"exclude_fields entry {inner!r} lies under {outer!r}, which removes "
+                        f"it already: list {outer!r} alone"
+                    )
         return paths
 
     @field_validator("database")

@@ -195,7 +195,10 @@ def through_pipeline(
             ]
             target: Any = database[coll]
         else:
-            query, target = [{"$documents": probes}], database
+            # `$documents` reads its argument as an expression: each probe is a literal, or a
+            # stored value such as "$email", {$literal: 5} or a DBRef would be evaluated.
+            literals = [{"$literal": probe} for probe in probes]
+            query, target = [{"$documents": literals}], database
         outcome = [*query, *pipeline, {"$project": {"_id": 1, "fullDocument": 1}}]
         for event in target.aggregate(outcome):
             index = event["_id"]
