@@ -27,7 +27,7 @@ from jobs.transform import read_current, transform
 from tests.helpers.lake_reading import committed_table
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
-from tidemark.pipeline_stages import exclusion_stages
+from tidemark.pipeline_stages import exclusion_stages, outermost, removed_by_stages
 
 SECRET = "zq9secret"  # in every value that must never reach the lake
 KEPT = "zq9kept"  # in every value that must
@@ -294,3 +294,31 @@ def test_a_document_too_large_to_send_back_still_loses_its_removed_fields(
     assert sorted(d["_id"] for d in documents) == [0, 1]
     assert all(SECRET.encode() not in r for r in raws)
     assert all(KEPT in d["name"] and KEPT in d["address"]["city"] for d in documents)
+
+
+@pytest.mark.fast
+def test_a_pipelines_static_removal_from_an_image_is_carried_to_every_document_field():
+    stages = [
+        {"$match": {"fullDocument.status": "active"}},
+        {"$unset": ["fullDocument.email", "fullDocumentBeforeChange.ssn", "wallTime"]},
+        {"$unset": "fullDocument.address.street"},
+        {"$project": {"fullDocument.phone": 0, "updateDescription": 0}},
+        {"$project": {"fullDocument.name": 1}},  # an inclusion keeps, removes nothing named
+        {"$unset": ["fullDocument.items.0", "fullDocument.$x"]},  # not expressible: left alone
+        {"$set": {"fullDocument.card": "masked"}},  # a mask: the stage's own business
+    ]
+    assert removed_by_stages(stages) == ["email", "ssn", "address.street", "phone"]
+    stream = StreamConfig.model_validate(
+        {
+            "name": "s",
+            "database": "d",
+            "collection": "c",
+            "pipeline": stages[:2],
+            "exclude_fields": ["ssn", "email.work"],
+        }
+    )
+    # Both lists meet once, outermost first: the server refuses a path and one under it.
+    assert stream.mongo_pipeline()[len(stages[:2]) :] == exclusion_stages(["ssn", "email"])
+    # Carried over, not fingerprinted twice: the pipeline as written is in the fingerprint.
+    assert "exclude_fields" in stream.token_definition()
+    assert outermost(["a.b", "a", "c", "a.b", "c.d"]) == ["a", "c"]

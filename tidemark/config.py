@@ -32,7 +32,13 @@ from pydantic import (
 )
 
 from tidemark.errors import ConfigError, UnknownStream
-from tidemark.pipeline_stages import exclusion_stages, fold_problem, stage_problem
+from tidemark.pipeline_stages import (
+    exclusion_stages,
+    fold_problem,
+    outermost,
+    removed_by_stages,
+    stage_problem,
+)
 
 SLUG_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 
@@ -290,9 +296,12 @@ class StreamConfig(BaseModel):
 
     def mongo_pipeline(self) -> list[dict[str, Any]]:
         """The pipeline as BSON-ready values: Extended JSON forms such as {"$date": ...} decoded,
-        followed by the stages that remove `exclude_fields`."""
+        followed by the stages that remove `exclude_fields` and the paths the pipeline itself
+        removes from an image, from every document field of the event
+        (`pipeline_stages.removed_by_stages`)."""
         pipeline: list[dict[str, Any]] = json_util.loads(json.dumps(self.pipeline))
-        return [*pipeline, *exclusion_stages(self.exclude_fields)]
+        removed = outermost([*self.exclude_fields, *removed_by_stages(pipeline)])
+        return [*pipeline, *exclusion_stages(removed)]
 
 
 class TidemarkConfig(BaseModel):

@@ -152,6 +152,52 @@ def _dropped_fields(operator: str, spec: Any) -> list[str]:
 # which `$unset` cannot address, so it is rewritten by an expression (MongoDB 5.0+).
 
 
+_IMAGES = ("fullDocument.", "fullDocumentBeforeChange.")
+
+
+def removed_by_stages(stages: list[dict[str, Any]]) -> list[str]:
+    """The document paths a pipeline statically removes from an image (`$unset` of
+    `fullDocument.email`, or `fullDocumentBeforeChange.email`, or an exclusion `$project` of
+    one), as `exclude_fields` paths. Such a stage removes only what it names: the same value
+    still rides in an update's description and in the other image. The capture removes these
+    paths from every document field of an event too, as it does `exclude_fields`, so a field
+    the user's pipeline takes out of the document never reaches the lake by another road. A
+    path the exclusion cannot express (an array position, `$`) is left to the stage alone."""
+    found: list[str] = []
+    for stage in stages:
+        if not isinstance(stage, dict) or len(stage) != 1:
+            continue
+        ((operator, spec),) = stage.items()
+        if operator == "$unset":
+            paths = [spec] if isinstance(spec, str) else list(spec or [])
+        elif operator == "$project" and isinstance(spec, dict):
+            excluding = [k for k, v in spec.items() if k != "_id" and v in (0, False)]
+            including = [k for k, v in spec.items() if k != "_id" and v not in (0, False)]
+            paths = [] if including else excluding
+        else:
+            continue
+        for path in paths:
+            if not isinstance(path, str):
+                continue
+            for image in _IMAGES:
+                rest = path[len(image) :] if path.startswith(image) else None
+                segments = rest.split(".") if rest else []
+                if rest and "$" not in rest and all(s and not s.isdigit() for s in segments):
+                    found.append(rest)
+    return found
+
+
+def outermost(paths: list[str]) -> list[str]:
+    """`paths` without repeats and without any path under another one of them (the server
+    refuses a `$unset` of both with "Path collision"), in their first order."""
+    kept: list[str] = []
+    for path in paths:
+        if any(path == k or path.startswith(k + ".") for k in kept):
+            continue
+        kept = [k for k in kept if not k.startswith(path + ".")] + [path]
+    return kept
+
+
 def exclusion_stages(paths: list[str]) -> list[dict[str, Any]]:
     """Stages that remove `paths` (validated dotted field paths) from every document of an
     event: both images (into arrays, as `$unset` does), and from the update description the
