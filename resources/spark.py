@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field
 
+from resources.delta import delta_jvm_settings
 from tidemark.errors import SparkUnavailable
 
 _LOG4J = """\
@@ -131,6 +132,7 @@ def jvm_settings(config: SparkConfig) -> dict[str, str]:
         settings["spark.driver.host"] = "127.0.0.1"
         # UDF workers fork from a daemon that has imported the transform once (see there).
         settings["spark.python.daemon.module"] = "jobs.transform.python_daemon"
+    settings.update(delta_jvm_settings())  # Delta Lake: its jars, SQL extension and catalog
     return settings
 
 

@@ -2,10 +2,11 @@
 
 A run that builds its own SparkSession starts a JVM (7-25 s); a Connect client reaches a
 running server in about a second. The server is the pyspark wheel's own
-(`sbin/start-connect-server.sh` with `jars/spark-connect_*.jar`), bound to 127.0.0.1, with the
-settings of `spark_session()` and Python UDF workers running this venv's interpreter. Its
-state, pid file and logs live under `<home>/spark`, never in the venv. Like the embedded
-mongod, a running one is reused; `stop_server` shuts it down. Plain functions, no Dagster.
+(`jars/spark-connect_*.jar`, run by `sbin/spark-daemon.sh`), bound to 127.0.0.1, with the
+settings of `spark_session()` (Delta Lake's jars, SQL extension and catalog among them) and
+Python UDF workers running this venv's interpreter. Its state, pid file and logs live under
+`<home>/spark`, never in the venv. Like the embedded mongod, a running one is reused;
+`stop_server` shuts it down. Plain functions, no Dagster.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from resources.delta import DELTA_VERSION
 from resources.processes import free_port, listens_on, port_free, runs, terminate
 from resources.spark import (
     REMOTE_ENV,
@@ -54,6 +56,8 @@ class ConnectServer:
     python: str
     pyspark: str
     project: str  # the checkout whose code the server's Python workers import
+    # Delta Lake's version on its classpath; "" for a server started before Delta was loaded
+    delta: str = ""
 
     @property
     def url(self) -> str:
@@ -78,9 +82,9 @@ def spark_home() -> Path:
     import pyspark
 
     home = Path(pyspark.__file__).resolve().parent
-    if not (home / "sbin" / "start-connect-server.sh").exists():
+    if not (home / "sbin" / "spark-daemon.sh").exists():
         raise SparkServerError(
-            f"The pyspark package at {home} has no sbin/start-connect-server.sh.", _REINSTALL
+            f"The pyspark package at {home} has no sbin/spark-daemon.sh.", _REINSTALL
         )
     if not any((home / "jars").glob("spark-connect_*.jar")):
         raise SparkServerError(
@@ -193,7 +197,10 @@ def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectSe
         "spark.connect.grpc.binding.address": HOST,
         "spark.connect.grpc.binding.port": str(port),
     }
-    args = [str(spark / "sbin" / "start-connect-server.sh"), "--master", master]
+    # What sbin/start-connect-server.sh runs; the pyspark 4.2 wheel ships spark-daemon.sh
+    # but not that script (4.3's has both).
+    args = [str(spark / "sbin" / "spark-daemon.sh"), "submit", CONNECT_CLASS, "1"]
+    args += ["--name", "Spark Connect server", "--master", master]
     for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
     try:
@@ -202,7 +209,7 @@ def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectSe
             args, env=env, cwd=directory, capture_output=True, text=True, timeout=120
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SparkServerError(f"start-connect-server.sh did not run: {exc}.", _REINSTALL) from None
+        raise SparkServerError(f"spark-daemon.sh did not run: {exc}.", _REINSTALL) from None
     output = (done.stdout or "") + (done.stderr or "")
     logged = re.search(r"logging to (\S+)", output)
     pid = _read_pid(home)
@@ -220,6 +227,7 @@ def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectSe
         python=sys.executable,
         pyspark=pyspark.__version__,
         project=str(_PROJECT_ROOT),
+        delta=DELTA_VERSION,
     )
     _state_file(home).write_text(json.dumps(asdict(server)))
     return server
@@ -296,18 +304,18 @@ def _fix_for(server: ConnectServer) -> str:
 
 
 def _check_same_code(server: ConnectServer) -> None:
-    """A client must match the server's Spark version, and the server's Python workers must
-    run the client's venv and checkout (they import Tidemark's UDF modules)."""
+    """A client must match the server's Spark and Delta versions, and the server's Python
+    workers must run the client's venv and checkout (they import Tidemark's UDF modules)."""
     import pyspark
 
-    theirs = (Path(server.python).parent, server.pyspark, server.project)
-    ours = (Path(sys.executable).parent, pyspark.__version__, str(_PROJECT_ROOT))
+    theirs = (Path(server.python).parent, server.pyspark, server.project, server.delta)
+    ours = (Path(sys.executable).parent, pyspark.__version__, str(_PROJECT_ROOT), DELTA_VERSION)
     if theirs != ours:
         raise SparkServerError(
             f"The Spark Connect server at {server.url} was started from {server.project} with "
-            f"{server.python} (pyspark {server.pyspark}); this is {_PROJECT_ROOT} with "
-            f"{sys.executable} (pyspark {pyspark.__version__}), and its Python workers would "
-            "run the other code.",
+            f"{server.python} (pyspark {server.pyspark}, Delta Lake {server.delta or 'none'}); "
+            f"this is {_PROJECT_ROOT} with {sys.executable} (pyspark {pyspark.__version__}, "
+            f"Delta Lake {DELTA_VERSION}), and its Python workers would run the other code.",
             "Stop it with `tidemark spark stop` and start it again, or give this checkout a "
             "TIDEMARK_HOME of its own.",
         )
