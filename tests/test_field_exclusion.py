@@ -27,7 +27,7 @@ from jobs.transform import read_current, transform
 from tests.helpers.lake_reading import committed_table
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
-from tidemark.pipeline_stages import exclusion_stages, outermost, removed_by_stages
+from tidemark.field_exclusion import exclusion_stages, outermost, removed_by_stages
 
 SECRET = "zq9secret"  # in every value that must never reach the lake
 KEPT = "zq9kept"  # in every value that must

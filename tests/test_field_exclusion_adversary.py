@@ -29,7 +29,7 @@ from tests.helpers.oracle import (
 )
 from tests.test_field_exclusion import KEPT, SECRET, _scan, _value
 from tidemark.config import StreamConfig
-from tidemark.pipeline_stages import exclusion_stages
+from tidemark.field_exclusion import exclusion_stages
 
 
 def _events(store, lake: Path, stream: str) -> list[dict[str, Any]]:

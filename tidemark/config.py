@@ -32,13 +32,8 @@ from pydantic import (
 )
 
 from tidemark.errors import ConfigError, UnknownStream
-from tidemark.pipeline_stages import (
-    exclusion_stages,
-    fold_problem,
-    outermost,
-    removed_by_stages,
-    stage_problem,
-)
+from tidemark.field_exclusion import exclusion_stages, outermost, removed_by_stages
+from tidemark.pipeline_stages import fold_problem, stage_problem
 
 SLUG_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 
@@ -115,7 +110,7 @@ class StreamConfig(BaseModel):
     collection: Annotated[str, Field(min_length=1)] | None = None
     pipeline: list[dict[str, Any]] = Field(default_factory=list)
     # Dotted paths removed from every document of every event and from snapshot rows, on the
-    # server, before anything is written (tidemark.pipeline_stages.exclusion_stages).
+    # server, before anything is written (tidemark.field_exclusion.exclusion_stages).
     exclude_fields: list[str] = Field(default_factory=list)
     full_document: Literal["default", "updateLookup", "whenAvailable", "required"] = "updateLookup"
     full_document_before_change: Literal["off", "whenAvailable", "required"] = "off"
@@ -298,7 +293,7 @@ class StreamConfig(BaseModel):
         """The pipeline as BSON-ready values: Extended JSON forms such as {"$date": ...} decoded,
         followed by the stages that remove `exclude_fields` and the paths the pipeline itself
         removes from an image, from every document field of the event
-        (`pipeline_stages.removed_by_stages`)."""
+        (`field_exclusion.removed_by_stages`)."""
         pipeline: list[dict[str, Any]] = json_util.loads(json.dumps(self.pipeline))
         removed = outermost([*self.exclude_fields, *removed_by_stages(pipeline)])
         return [*pipeline, *exclusion_stages(removed)]
