@@ -1,0 +1,305 @@
+"""Attacks on issue 23's items 2 and 4: each test names what it tries to break.
+
+A. A stream's checkpoint is never moved by, and no batch committed from, another deployment
+   than the one its position came from, unless the operator says so (reset, resnapshot).
+B. While `current_table` is on, `current` equals the live documents the stream's pipeline
+   lets through, whatever the user's `$match`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import bson
+import pytest
+from pymongo import MongoClient
+
+from jobs.capture import drain, drain_until_caught_up
+from jobs.transform import read_current, transform
+from resources.mongo import connect
+from state import StateStore
+from tests.helpers.lake_reading import committed_table
+from tests.helpers.oracle import canonical, current_state
+from tests.test_source_identity import _downgrade_to_version_3, _state, mongod_b  # noqa: F401
+from tidemark.config import StreamConfig
+from tidemark.errors import SourceChanged
+from tidemark.tokens import SourceIdentity
+
+
+@pytest.fixture(scope="module")
+def raw_client_b(mongod_b) -> Iterator[MongoClient]:  # noqa: F811
+    c = connect(mongod_b.uri, raw=True)
+    yield c
+    c.close()
+
+
+def _plain(raw: MongoClient) -> MongoClient:
+    """A client of the documents' own codec on the server `raw` reaches."""
+    host, port = raw.address
+    return MongoClient(host, port, directConnection=True)
+
+
+class _Stop(Exception):
+    """Ends a run after its first chunk, as a crash or a killed process would."""
+
+
+def _stop_after_first_chunk(_snapshot: Any) -> None:
+    raise _Stop
+
+
+def _committed_docs(store: StateStore, lake, stream: str) -> list[tuple[str, Any, Any]]:
+    rows = committed_table(store, lake, stream).to_pylist()
+    out = []
+    for row in rows:
+        event = bson.decode(row["raw"])
+        doc = event.get("fullDocument") or {}
+        out.append((event["operationType"], doc.get("_id"), doc.get("on")))
+    return out
+
+
+# -- A. source identity ---------------------------------------------------------------------
+
+
+def test_a_half_done_snapshot_is_not_continued_on_the_other_set(
+    make_stream,
+    raw_client,
+    raw_client_b,
+    client,
+    sqlite_store,
+    lake,
+    db_name,
+):
+    """Attack: a snapshot begun on A, cut after its first chunk, continued on B (same name)."""
+    client[db_name]["orders"].insert_many([{"_id": k, "on": "A"} for k in range(6)])
+    with _plain(raw_client_b) as b:
+        b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(6, 12)])
+    stream = make_stream(start="snapshot", snapshot_chunk_size=2)
+    with pytest.raises(_Stop):
+        drain(stream, raw_client, sqlite_store, lake, after_chunk=_stop_after_first_chunk)
+    before = _state(sqlite_store, stream.name)
+    with pytest.raises(SourceChanged):
+        drain(stream, raw_client_b, sqlite_store, lake)
+    assert _state(sqlite_store, stream.name) == before
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    docs = _committed_docs(sqlite_store, lake, stream.name)
+    assert {on for op, _id, on in docs if op == "snapshot"} == {"A"}
+    assert sorted(_id for op, _id, _on in docs if op == "snapshot") == list(range(6))
+
+
+def test_a_half_done_resnapshot_on_the_other_set_is_not_resumed_back_on_the_first(
+    make_stream,
+    raw_client,
+    raw_client_b,
+    client,
+    sqlite_store,
+    lake,
+    db_name,
+):
+    """Attack: `resnapshot` on B cut after a chunk; then a plain drain back on A must not
+    continue B's copy nor resume on A with B's position; on B it finishes."""
+    client[db_name]["orders"].insert_many([{"_id": k, "on": "A"} for k in range(4)])
+    with _plain(raw_client_b) as b:
+        b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(10, 16)])
+    stream = make_stream(snapshot_chunk_size=2)
+    drain(stream, raw_client, sqlite_store, lake)
+    with pytest.raises(_Stop):
+        drain(
+            stream,
+            raw_client_b,
+            sqlite_store,
+            lake,
+            resnapshot=True,
+            after_chunk=_stop_after_first_chunk,
+        )
+    before = _state(sqlite_store, stream.name)
+    with pytest.raises(SourceChanged):
+        drain(stream, raw_client, sqlite_store, lake)
+    assert _state(sqlite_store, stream.name) == before
+    drain_until_caught_up(stream, raw_client_b, sqlite_store, lake)
+    docs = _committed_docs(sqlite_store, lake, stream.name)
+    assert sorted(_id for op, _id, _on in docs if op == "snapshot") == list(range(10, 16))
+
+
+def _open_store(url: str, barrier: Any, errors: Any) -> None:
+    barrier.wait()
+    try:
+        StateStore(url).close()
+    except Exception as exc:  # reported to the parent: the test shows what failed
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_concurrent_openers_of_a_version_3_store_migrate_it_once(state_url):
+    """Attack: four processes open a version-3 store at the same moment (a Dagster daemon,
+    a run and two CLIs after an upgrade): none may fail, and the columns come once."""
+    stream = StreamConfig.model_validate({"name": "s", "database": "d", "collection": "c"})
+    store = StateStore(state_url)
+    a = SourceIdentity("replica_set", "rs0", "6b0525d46d8f3c7f108f541c")
+    store.ensure_stream(stream, a)
+    store.close()
+    _downgrade_to_version_3(state_url)
+    context = multiprocessing.get_context("fork")
+    barrier, errors = context.Barrier(4), context.Queue()
+    workers = [
+        context.Process(target=_open_store, args=(state_url, barrier, errors)) for _ in range(4)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    store = StateStore(state_url)
+    try:
+        checkpoint = store.checkpoint("s")
+        assert checkpoint is not None and checkpoint.source is None
+        assert store.ensure_stream(stream, a).source == a
+    finally:
+        store.close()
+
+
+def test_a_user_who_cannot_read_the_set_id_is_told_so(auth_mongod, sqlite_store, lake):
+    """Attack: the README's role without `find` on local.system.replset. Two sets named rs0
+    then look the same; the README says so, but a drain must say so too, where an operator
+    looks (the run's warnings), or the guard is off without a word."""
+    _server, uri = auth_mongod
+    stream = StreamConfig.model_validate(
+        {"name": "orders", "database": "shop", "collection": "orders", "max_await_time_ms": 300}
+    )
+    capture = connect(uri, raw=True)
+    try:
+        result = drain(stream, capture, sqlite_store, lake)
+    finally:
+        capture.close()
+    assert sqlite_store.checkpoint("orders").source == SourceIdentity("replica_set", "rs0", None)
+    assert any("replicaSetId" in w and "system.replset" in w for w in result.warnings), (
+        result.warnings
+    )
+
+
+# -- B. pipeline widening ---------------------------------------------------------------------
+
+KEEP = {"fullDocument.kind": "keep"}
+
+
+def _expected(raw_client: MongoClient, db: str, coll: str, query: dict) -> dict[str, str]:
+    state = {}
+    for doc in raw_client[db][coll].find(query):
+        key = canonical(bson.encode({"_id": bson.decode(doc.raw)["_id"]}))
+        state[key] = canonical(doc.raw)
+    return state
+
+
+def _churn(client: MongoClient, raw_client, store, lake, stream, db: str, seed: int) -> None:
+    """Updates, deletes, replaces, re-inserts and transactions in a seeded order, with runs of
+    one event each (budget.max_events: 1) cutting in between: an update read while its
+    document lived and resumed after once it is gone is the code-280 case."""
+    rng = random.Random(seed)
+    orders = client[db]["orders"]
+    orders.insert_many([{"_id": k, "kind": "keep" if k % 2 else "drop", "n": 0} for k in range(12)])
+    for step in range(60):
+        k = rng.randrange(12)
+        op = rng.choice(["update", "update", "delete", "replace", "insert", "txn"])
+        kind = "keep" if k % 2 else "drop"
+        if op == "update":
+            orders.update_one({"_id": k}, {"$inc": {"n": 1}})
+        elif op == "delete":
+            orders.delete_one({"_id": k})
+        elif op == "replace":
+            orders.replace_one({"_id": k}, {"kind": kind, "n": step})
+        elif op == "insert":
+            orders.replace_one({"_id": k}, {"kind": kind, "n": step}, upsert=True)
+        else:
+            with client.start_session() as session, session.start_transaction():
+                orders.update_one({"_id": k}, {"$inc": {"n": 1}}, session=session)
+                orders.delete_one({"_id": k}, session=session)
+        if rng.random() < 0.6:
+            drain(stream, raw_client, store, lake)
+    drain_until_caught_up(stream, raw_client, store, lake)
+
+
+PIPELINES = {
+    "plain": [{"$match": KEEP}],
+    "expr": [{"$match": {"$expr": {"$eq": ["$fullDocument.kind", "keep"]}}}],
+    "nor": [{"$match": {"$nor": [{"fullDocument.kind": "drop"}]}}],
+    "not": [{"$match": {"fullDocument.kind": {"$not": {"$eq": "drop"}}}}],
+    "and-operationType": [
+        {"$match": {"$and": [{"operationType": {"$in": ["insert", "update", "replace"]}}, KEEP]}}
+    ],
+    "ns-and-field": [{"$match": {"ns.coll": "orders", **KEEP}}],
+    "two-matches": [
+        {"$match": {"operationType": {"$ne": "delete"}}},
+        {"$match": KEEP},
+    ],
+    "unset-then-match": [{"$unset": "fullDocument.n"}, {"$match": KEEP}],
+    "match-then-project": [{"$match": KEEP}, {"$project": {"fullDocument.n": 0}}],
+    # A mask before the filter, the way issue 23 item 1 masks: `$set` of a path under
+    # fullDocument makes a null post-image (an update of a gone document) an object.
+    "mask-then-match": [{"$set": {"fullDocument.n": "masked"}}, {"$match": KEEP}],
+}
+
+
+@pytest.mark.parametrize("name", list(PIPELINES))
+def test_current_is_find_of_what_the_filter_keeps_through_churn_cut_at_every_event(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, name
+):
+    stream = make_stream(pipeline=PIPELINES[name], budget={"max_events": 1})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)  # position: now
+    _churn(client, raw_client, sqlite_store, lake, stream, db_name, seed=len(name))
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    want = _expected(raw_client, db_name, "orders", {"kind": "keep"})
+    if name == "mask-then-match":
+        want = {
+            k: canonical(bson.encode({**bson.decode(bson.encode(_loads(v))), "n": "masked"}))
+            for k, v in want.items()
+        }
+    assert got == want
+
+
+def _loads(canonical_json: str) -> dict:
+    import bsonjs
+
+    return bson.decode(bsonjs.loads(canonical_json))
+
+
+def _db_stream(make_stream, match: dict) -> StreamConfig:
+    return make_stream(collection=None, pipeline=[{"$match": match}])
+
+
+@pytest.mark.parametrize(
+    "match",
+    [
+        pytest.param({"ns.coll": "a"}, id="ns-only"),
+        pytest.param({"ns.coll": "a", "fullDocument.kind": "keep"}, id="ns-and-field"),
+    ],
+)
+def test_a_rename_across_the_filters_namespace_keeps_current_true(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, match
+):
+    """Attack: a database stream filtered to collection `a`; `c` (outside) renamed onto `a`,
+    then `a` renamed to `z` (outside) and `c2` renamed onto `a` again. `current` must hold
+    what `a` holds (the filter keeps it) and nothing of `z` (the filter does not)."""
+    stream = _db_stream(make_stream, match)
+    db = client[db_name]
+    db["a"].insert_many([{"_id": k, "kind": "keep"} for k in range(3)])
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    db["c"].insert_many([{"_id": k, "kind": "keep"} for k in range(10, 14)])
+    db["c"].rename("a", dropTarget=True)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _expected(raw_client, db_name, "a", {}), "after c renamed onto a"
+
+    db["a"].rename("z")
+    db["z"].delete_many({})  # outside the filter: current must not hold z's rows at all
+    db["a"].insert_one({"_id": 99, "kind": "keep"})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _expected(raw_client, db_name, "a", {}), "after a renamed to z"
