@@ -303,3 +303,69 @@ def test_a_rename_across_the_filters_namespace_keeps_current_true(
     transform(spark, sqlite_store, lake, stream)
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == _expected(raw_client, db_name, "a", {}), "after a renamed to z"
+
+
+def _gone_then_back(orders) -> None:
+    """An update read when its document is gone (null post-image: it passes the widening),
+    then the document is back under the same _id (an upsert) and fails the filter."""
+    orders.insert_one({"_id": 2, "kind": "drop", "n": 0})
+    orders.update_one({"_id": 2}, {"$inc": {"n": 1}})
+    orders.delete_one({"_id": 2})
+
+
+def _back(orders) -> None:
+    orders.insert_one({"_id": 2, "kind": "drop", "n": 5})
+
+
+def _live_then_changed(orders) -> None:
+    """An update read while its document passes the filter, then the filtered field changes."""
+    orders.insert_one({"_id": 1, "kind": "keep", "n": 0})
+    orders.update_one({"_id": 1}, {"$inc": {"n": 1}})
+
+
+def _changed(orders) -> None:
+    orders.update_one({"_id": 1}, {"$set": {"kind": "drop"}})
+
+
+def _live_then_gone(orders) -> None:
+    orders.insert_one({"_id": 1, "kind": "keep", "n": 0})
+    orders.update_one({"_id": 1}, {"$inc": {"n": 1}})
+
+
+def _gone(orders) -> None:
+    orders.delete_one({"_id": 1})
+
+
+@pytest.mark.parametrize(
+    "stages, before, after",
+    [
+        pytest.param([{"$match": KEEP}], _gone_then_back, _back, id="gone-then-back"),
+        pytest.param([{"$match": KEEP}], _live_then_changed, _changed, id="filtered-field-changes"),
+        pytest.param(
+            [{"$set": {"fullDocument.n": "masked"}}, {"$match": KEEP}],
+            _live_then_gone,
+            _gone,
+            id="mask-before-match",
+        ),
+    ],
+)
+def test_a_run_cut_after_an_update_resumes_whatever_its_lookup_now_finds(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, stages, before, after
+):
+    """Attack (code 280): the server re-reads the event at the resume token, looks its
+    document up again and runs the pipeline over it; when that lookup now fails the filter
+    the server answers "the resume token was not found", which Tidemark called history lost
+    (the stream stuck for good while the position is well inside the oplog)."""
+    stream = make_stream(pipeline=stages, budget={"max_events": 1})
+    orders = client[db_name]["orders"]
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)  # position: now
+    before(orders)
+    while True:  # up to and including the update, one event a run
+        result = drain(stream, raw_client, sqlite_store, lake)
+        if result.events_by_type.get("update") or result.stop_reason == "caught_up":
+            break
+    assert result.events_by_type.get("update") == 1, result.events_by_type
+    after(orders)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    types = committed_table(sqlite_store, lake, stream.name).column("operation_type").to_pylist()
+    assert types.count("update") == 1  # the update read once, nothing read twice
