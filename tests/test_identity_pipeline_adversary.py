@@ -450,3 +450,23 @@ def test_a_set_re_initiated_on_the_same_data_is_another_deployment(
         raw.close()
     finally:
         stop_mongod(server)
+
+
+def test_a_reset_onto_the_other_set_does_not_continue_the_first_sets_copy(
+    make_stream, raw_client, raw_client_b, client, sqlite_store, lake, db_name
+):
+    """Attack: a snapshot half done on A, then `tidemark reset --to-now` on B (the operator
+    moves the stream on purpose). The next drain on B must not go on with A's copy, reading
+    B's documents after A's last key into A's snapshot (a `current` of both sets' rows)."""
+    from jobs.ops.reset import reset_stream
+
+    client[db_name]["orders"].insert_many([{"_id": k, "on": "A"} for k in range(6)])
+    with _plain(raw_client_b) as b:
+        b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(6)])
+    stream = make_stream(start="snapshot", snapshot_chunk_size=2)
+    with pytest.raises(_Stop):
+        drain(stream, raw_client, sqlite_store, lake, after_chunk=_stop_after_first_chunk)
+    reset_stream(stream, raw_client_b, sqlite_store, to_time=None, actor="test")
+    drain_until_caught_up(stream, raw_client_b, sqlite_store, lake)
+    docs = _committed_docs(sqlite_store, lake, stream.name)
+    assert [on for op, _id, on in docs if op == "snapshot"] == ["A", "A"]
