@@ -470,3 +470,22 @@ def test_a_reset_onto_the_other_set_does_not_continue_the_first_sets_copy(
     drain_until_caught_up(stream, raw_client_b, sqlite_store, lake)
     docs = _committed_docs(sqlite_store, lake, stream.name)
     assert [on for op, _id, on in docs if op == "snapshot"] == ["A", "A"]
+
+
+def test_the_source_count_check_is_not_taken_on_the_other_set(
+    make_stream, raw_client, raw_client_b, client, sqlite_store, lake, db_name
+):
+    """Attack: after a drain refused on B, the `row_count_matches_source` check (it reads
+    MongoDB, unlike the transform) counted B's documents against A's `current`: passing when
+    the counts happen to agree, a claim about a deployment the stream never read."""
+    from jobs.ops import source_count
+
+    client[db_name]["orders"].insert_many([{"_id": k} for k in range(3)])
+    with _plain(raw_client_b) as b:
+        b[db_name]["orders"].insert_many([{"_id": k} for k in range(3)])
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    drained_from = sqlite_store.checkpoint(stream.name).source
+    assert source_count(raw_client, stream, drained_from).total == 3
+    with pytest.raises(SourceChanged):
+        source_count(raw_client_b, stream, drained_from)
