@@ -489,3 +489,58 @@ def test_the_source_count_check_is_not_taken_on_the_other_set(
     assert source_count(raw_client, stream, drained_from).total == 3
     with pytest.raises(SourceChanged):
         source_count(raw_client_b, stream, drained_from)
+
+
+def _kept(raw_client: MongoClient, db: str, collections: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for coll in collections:
+        found.update(_expected(raw_client, db, coll, {"kind": "keep"}))
+    return found
+
+
+def test_a_filtered_database_stream_through_drops_a_drop_database_a_transaction_and_a_replay(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """Attack: a database stream filtered on a field that never changes, cut at every event,
+    through a drop and re-create, a transaction across collections, a dropDatabase and a
+    replay of the whole window folded late. `current` is find() of what the filter keeps."""
+    from datetime import UTC, datetime, timedelta
+
+    from jobs.capture import replay
+
+    stream = make_stream(collection=None, pipeline=[{"$match": KEEP}], budget={"max_events": 1})
+    db = client[db_name]
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    start = datetime.now(UTC) - timedelta(seconds=1)
+
+    def kind(k: int) -> str:
+        return "keep" if k % 2 else "drop"
+
+    db["a"].insert_many([{"_id": k, "kind": kind(k)} for k in range(0, 10)])
+    db["b"].insert_many([{"_id": k, "kind": kind(k)} for k in range(100, 110)])
+    drain(stream, raw_client, sqlite_store, lake)
+    db["a"].update_many({}, {"$set": {"v": 1}})
+    db["a"].delete_many({"_id": {"$in": [1, 2, 3]}})
+    drain(stream, raw_client, sqlite_store, lake)
+    db["a"].drop()
+    db["a"].insert_many([{"_id": k, "kind": kind(k)} for k in range(20, 26)])
+    with client.start_session() as session, session.start_transaction():
+        db["a"].update_one({"_id": 21}, {"$set": {"v": 2}}, session=session)
+        db["b"].delete_one({"_id": 101}, session=session)
+        db["b"].insert_one({"_id": 111, "kind": "keep"}, session=session)
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _kept(raw_client, db_name, ["a", "b"]), "after the drop and the transaction"
+
+    client.drop_database(db_name)
+    db["b"].insert_many([{"_id": k, "kind": kind(k)} for k in range(200, 204)])
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _kept(raw_client, db_name, ["b"]), "after the dropDatabase"
+
+    replay(stream, raw_client, sqlite_store, lake, start, datetime.now(UTC))
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == _kept(raw_client, db_name, ["b"]), "after the replay folded late"
