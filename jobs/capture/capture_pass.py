@@ -15,6 +15,8 @@ Rules of a pass:
    invalidate event through; its token is then the invalidate's, for a later startAfter.
 4. Server errors become Tidemark errors that say nothing was committed; files written so far
    are orphans that `tidemark gc` sweeps once no writer holds the stream.
+5. A resume token the server cannot find again (its event's lookup now fails the filter)
+   opens the pass at the token's time instead, skipping the events up to it (`_by_time`).
 """
 
 from __future__ import annotations
