@@ -124,7 +124,9 @@ def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
             after the run's token)."""
             with explained():
                 latest = TransformState(state.store()).latest_version(stream.name)
-                expected = source_count(mongo.client(), stream)
+                checkpoint = state.store().checkpoint(stream.name)
+                drained_from = checkpoint.source if checkpoint else None
+                expected = source_count(mongo.client(), stream, drained_from)
             rows = latest.rows if latest else 0
             metadata: dict[str, object] = {
                 "current_rows": rows,

@@ -136,6 +136,22 @@ def source_identity(client: MongoClient) -> SourceIdentity:
     return SourceIdentity("replica_set", hello.get("setName"), str(set_id) if set_id else None)
 
 
+def unverified_identity(identity: SourceIdentity) -> str | None:
+    """A warning when `identity` lacks its id: the guard against another deployment then
+    compares names only, and most replica sets are named rs0; None when the id was read."""
+    if identity.id is not None:
+        return None
+    if identity.kind == "sharded":
+        missing, grant = "the config servers' clusterId", "`find` on config.version"
+    else:
+        missing, grant = "the replica set's replicaSetId", "`find` on local.system.replset"
+    return (
+        f"MONGODB_URI's user cannot read {missing}, so Tidemark tells deployments apart by "
+        f"name only ({identity.describe()}): pointed at another of that name, this stream "
+        f"would resume there without a word. Grant {grant} (the README's capture role)."
+    )
+
+
 def _readable(read: Any) -> Any:
     """What `read()` returns; None when the server refuses it (privileges) or lacks it."""
     try:

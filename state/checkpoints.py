@@ -222,8 +222,19 @@ def reset_to(
     description: str,
     actor: str,
 ) -> None:
-    """Make `stream`'s definition the registered one and move its checkpoint to `position`."""
+    """Make `stream`'s definition the registered one and move its checkpoint to `position`;
+    a copy still running from another deployment than `position`'s is superseded."""
     now = utc_now()
+    old = read_checkpoint(conn, stream.name)
+    if old and old.source and position.source and old.source.differs_from(position.source):
+        # Its rows so far and its last key are the other deployment's: continued here it
+        # would read this one's documents after that key into it.
+        s = schema.snapshots
+        conn.execute(
+            update(s)
+            .where((s.c.stream == stream.name) & (s.c.status == "running"))
+            .values(status="superseded", finished_at=now)
+        )
     _set_definition(conn, stream, now)
     move_checkpoint(conn, stream.name, position, description, actor, now, stream.fingerprint())
 

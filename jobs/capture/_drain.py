@@ -32,7 +32,7 @@ from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
 from jobs.progress import Meter, ProgressCallback
-from resources.mongo import cluster_time, source_identity
+from resources.mongo import cluster_time, source_identity, unverified_identity
 from state import (
     Checkpoint,
     FileEntry,
@@ -122,7 +122,7 @@ def drain(
         for attempt in (1, 2):
             if snapshot is not None and snapshot.status != "done":
                 return _warned(
-                    _snapshot_result(stream, snapshot, started_at, clock), stream, client
+                    _snapshot_result(stream, snapshot, started_at, clock), stream, client, source
                 )
             try:
                 result = _incremental(
@@ -146,7 +146,7 @@ def drain(
             else:
                 # A second rename-in after the copy: the unmoved position redoes it next run.
                 if not result.collection_replaced or attempt == 2:
-                    return _warned(result, stream, client)
+                    return _warned(result, stream, client, source)
                 reason = "collection replaced by a rename"
             snapshot = begin_snapshot(stream, client, store, lease, reason, source=source)
             snapshot = copy_chunks(
@@ -160,11 +160,14 @@ def drain(
             store.release_lease(lease)
 
 
-def _warned(result: DrainResult, stream: StreamConfig, client: MongoClient) -> DrainResult:
+def _warned(
+    result: DrainResult, stream: StreamConfig, client: MongoClient, source: SourceIdentity
+) -> DrainResult:
     """The result with a warning when the watched namespace does not exist (the run is not
-    failed: a stream may wait for its collection to be created)."""
-    missing = missing_namespace(client, stream)
-    return replace(result, warnings=[*result.warnings, missing]) if missing else result
+    failed: a stream may wait for its collection to be created), or when the deployment's id
+    could not be read (its guard then compares names only)."""
+    found = [missing_namespace(client, stream), unverified_identity(source)]
+    return replace(result, warnings=[*result.warnings, *(w for w in found if w)])
 
 
 def drain_until_caught_up(

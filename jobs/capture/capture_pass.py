@@ -15,6 +15,8 @@ Rules of a pass:
    invalidate event through; its token is then the invalidate's, for a later startAfter.
 4. Server errors become Tidemark errors that say nothing was committed; files written so far
    are orphans that `tidemark gc` sweeps once no writer holds the stream.
+5. A resume token the server cannot find again (its event's lookup now fails the filter)
+   opens the pass at the token's time instead, skipping the events up to it (`_by_time`).
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ from pymongo.errors import OperationFailure, PyMongoError
 from jobs.bson_buffer import RawDocuments
 from jobs.capture._fragments import server_splits, whole_events
 from jobs.capture.reader import ChangeStreamReader
-from jobs.capture.server_errors import translate
+from jobs.capture.server_errors import FATAL, translate
 from jobs.capture.writer import RawBatchWriter
 from state import BatchRecord, BatchSource, FileEntry
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
 from tidemark.pipeline_stages import capture_pipeline
-from tidemark.tokens import pack_ts
+from tidemark.tokens import pack_ts, token_cluster_time, token_data
 
 # How long a replay waits for the server to confirm its window's end (majority lag).
 END_WAIT_SECONDS = 600.0
@@ -199,8 +201,10 @@ def capture(
     keep_alive: Callable[[], None],
     got: Capture | None = None,
     counted: Callable[[int], None] | None = None,
+    read_through: str | None = None,
 ) -> Capture:
-    """Consume whole replies until caught up, past the end, a budget, or an invalidate."""
+    """Consume whole replies until caught up, past the end, a budget, or an invalidate;
+    events up to the event id `read_through` (a position reopened by its time) are skipped."""
     clock = time.monotonic()
     renewed = waiting_since = clock
     budget = bounds.budget
@@ -212,6 +216,10 @@ def capture(
     for reply in whole_events(reader.replies(), got.token):
         events = reply.events
         now = time.monotonic()
+        if read_through is not None and len(events):
+            seen = _read_before(events, read_through)
+            if seen:
+                events, waiting_since = events[seen:], now
         if now - renewed > CAPTURE_LEASE_TTL.total_seconds() / 3:
             keep_alive()
             renewed = now
@@ -288,13 +296,21 @@ def capture_pass(
     `counted` is told the events consumed so far after each reply (progress).
     """
     got = Capture()
+    read_through = None
     try:
         while True:
-            with open_reader(client, stream, start, bounds) as reader:
-                got = capture(reader, writer, bounds, keep_alive, got, counted)
+            try:
+                with open_reader(client, stream, start, bounds) as reader:
+                    got = capture(reader, writer, bounds, keep_alive, got, counted, read_through)
+            except OperationFailure as exc:
+                by_time = _by_time(exc, start) if read_through is None and not got.events else None
+                if by_time is None:
+                    raise
+                start, read_through = by_time
+                continue
             if not (follow_invalidate and got.stop == "invalidate"):
                 break
-            start = {"startAfter": got.token}
+            start, read_through = {"startAfter": got.token}, None
     except OperationFailure as exc:
         writer.close()
         raise translate(exc, stream.name, client, position_time) from None
@@ -309,6 +325,32 @@ def capture_pass(
     writer.close()
     got.counts = writer.counts
     return got
+
+
+def _by_time(exc: OperationFailure, start: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The position of `start` as its cluster time and event id, when the server could not
+    find its resume token although the oplog still holds it; None for any other failure.
+
+    To resume, the server reads the token's event again, looks its document up again and runs
+    the pipeline over it: a filter on fullDocument that the event passed when it was read may
+    fail now (its document changed, or came back after a delete under the same _id), and the
+    server then answers "the resume token was not found" (code 280) for good. Opened at the
+    token's time instead, the events up to it are skipped by id (event ids sort like the
+    stream), so nothing is read twice or missed.
+    """
+    token = start.get("resumeAfter")
+    if exc.code != FATAL or token is None or "resume token was not found" not in str(exc):
+        return None
+    data, at = token_data(token), token_cluster_time(token)
+    return ({"startAtOperationTime": at}, data) if data and at is not None else None
+
+
+def _read_before(events: RawDocuments, read_through: str) -> int:
+    """How many of `events` (in stream order) come at or before the event id `read_through`."""
+    seen = 0
+    while seen < len(events) and events[seen]["_id"]["_data"] <= read_through:
+        seen += 1
+    return seen
 
 
 def batch_record(

@@ -12,8 +12,11 @@ from pymongo import MongoClient
 from jobs.capture.namespaces import watched_collections
 from jobs.lake import relative
 from jobs.raw_zone import stream_files
+from resources.mongo import source_identity
 from state import StateStore
 from tidemark.config import StreamConfig
+from tidemark.errors import SourceChanged
+from tidemark.tokens import SourceIdentity
 
 
 def uncommitted_files(
@@ -39,8 +42,25 @@ class SourceCount:
     how: str = "count_documents"  # or "count_documents (filter translated)", "pipeline"
 
 
-def source_count(client: MongoClient, stream: StreamConfig) -> SourceCount:
-    """Count what the stream's pipeline lets through, collection by collection."""
+def source_count(
+    client: MongoClient, stream: StreamConfig, drained_from: SourceIdentity | None = None
+) -> SourceCount:
+    """Count what the stream's pipeline lets through, collection by collection, on the
+    deployment `drained_from` (the checkpoint's; None: any).
+
+    Raises:
+        SourceChanged: `client` reaches another deployment than the stream was drained from.
+    """
+    reached = source_identity(client)
+    if drained_from is not None and drained_from.differs_from(reached):
+        raise SourceChanged(
+            f"Stream {stream.name!r} was drained from {drained_from.describe()}, and "
+            f"MONGODB_URI now reaches {reached.describe()}: its documents say nothing about "
+            "the stream's current-state table, so they were not counted.",
+            "Point MONGODB_URI back at the deployment the stream was drained from, or move "
+            f"the stream on purpose (`tidemark reset {stream.name} --to-now` or `tidemark "
+            f"resnapshot {stream.name}`).",
+        )
     pipeline = stream.mongo_pipeline()
     query = _as_collection_query(pipeline)
     counts = {}
