@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from jobs.capture import DrainResult, drain
 from jobs.ops import collect_garbage, reset_stream, stream_status
@@ -23,10 +24,10 @@ from resources.spark import REMOTE_ENV
 from resources.spark_server import DEFAULT_PORT, last_log, running_server, start_server, stop_server
 from tidemark.cli.curated import tables_command, transform_command
 from tidemark.cli.progress import terminal_progress
-from tidemark.cli.runtime import Runtime, open_runtime
-from tidemark.cli.table import format_table, human_bytes, human_seconds
+from tidemark.cli.runtime import Runtime, StreamFailures, open_runtime
+from tidemark.cli.table import format_table, human_bytes, human_seconds, iso_utc, print_json
 from tidemark.errors import SparkServerError, TidemarkError
-from tidemark.settings import Settings
+from tidemark.settings import Settings, home_notice
 from tidemark.tokens import ts_to_datetime
 
 
@@ -46,8 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("stream", nargs="?", help="stream name; omit with --all")
     p.add_argument("--all", action="store_true", help="transform every stream in the config")
-    sub.add_parser("status", help="checkpoint time, lag, last batch and oplog headroom per stream")
-    sub.add_parser("tables", help="per stream: newest version, rows, manifest and columns")
+    p = sub.add_parser(
+        "status", help="checkpoint time, lag, last batch and oplog headroom per stream"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p = sub.add_parser("tables", help="per stream: newest version, rows, manifest and columns")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p = sub.add_parser("reset", help="move a stream's checkpoint explicitly (recorded)")
     p.add_argument("stream")
     where = p.add_mutually_exclusive_group(required=True)
@@ -128,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    notice = home_notice(settings.home)
+    if notice:
+        print(f"tidemark: {notice}", file=sys.stderr)
     if args.command == "mongod":
         return _mongod(args.action, settings)
     if args.command == "spark":
@@ -141,9 +149,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "transform":
             return transform_command(runtime, args)
         if args.command == "status":
-            return _status(runtime)
+            return _status_json(runtime) if args.json else _status(runtime)
         if args.command == "tables":
-            return tables_command(runtime)
+            return tables_command(runtime, as_json=args.json)
         if args.command == "reset":
             return _reset(runtime, args)
         if args.command == "resnapshot":
@@ -165,18 +173,32 @@ def _run(args: argparse.Namespace) -> int:
 def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.all == bool(args.stream):
         raise TidemarkError("Name one stream to drain, or pass --all.", "")
-    streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
     shown = terminal_progress()
-    results = [
-        drain(s, runtime.client, runtime.store, runtime.lake_root, progress=shown) for s in streams
-    ]
+    if not args.all:
+        stream = runtime.config.stream(args.stream)
+        result = drain(stream, runtime.client, runtime.store, runtime.lake_root, progress=shown)
+        print(_drain_table([result]))
+        return 0
+    results: list[DrainResult | str] = []
+    failures = StreamFailures()
+    for stream in runtime.config.streams:
+        outcome = failures.run(
+            stream.name,
+            lambda s=stream: drain(
+                s, runtime.client, runtime.store, runtime.lake_root, progress=shown
+            ),
+        )
+        results.append(outcome if outcome is not None else stream.name)
     print(_drain_table(results))
-    return 0
+    return failures.report()
 
 
-def _drain_table(results: list[DrainResult]) -> str:
-    rows = []
+def _drain_table(results: Sequence[DrainResult | str]) -> str:
+    rows: list[list[Any]] = []
     for r in results:
+        if isinstance(r, str):  # a stream that failed: its message follows the table
+            rows.append([r, "-", "-", "-", "-", "FAILED (see below)", "-"])
+            continue
         token_time = ts_to_datetime(r.token_cluster_time)
         rows.append(
             [
@@ -228,6 +250,39 @@ def _status(runtime: Runtime) -> int:
             rows,
         )
     )
+    return 0
+
+
+def _status_json(runtime: Runtime) -> int:
+    """`status --json`: the table's facts with numbers as numbers (seconds, counts, bytes)
+    and times as ISO 8601 UTC; null where the table shows `-`."""
+    streams = []
+    for stream in runtime.config.streams:
+        s = stream_status(stream, runtime.client, runtime.store)
+        last = s.last_batch
+        streams.append(
+            {
+                "stream": s.stream,
+                "watches": s.namespace,
+                "token_time": iso_utc(s.position_time),
+                "lag_seconds": s.lag_seconds,
+                "batches": s.batches,
+                "last_batch": None
+                if last is None
+                else {
+                    "id": last.id,
+                    "source": last.source,
+                    "committed_at": iso_utc(last.committed_at),
+                    "events": last.event_count,
+                    "bytes": last.bytes,
+                },
+                "oplog_first": iso_utc(s.oplog_first),
+                "oplog_window_seconds": s.oplog_window_seconds,
+                "headroom_seconds": s.headroom_seconds,
+                "definition": "changed" if s.definition_changed else "ok",
+            }
+        )
+    print_json({"streams": streams})
     return 0
 
 
