@@ -276,6 +276,9 @@ _SERVER_GONE = (
     "Connection reset",
     "Answer from Java side is empty",  # py4j: the local driver JVM died
     "Error while sending or receiving",
+    # A Connect server whose driver ran out of memory stops its SparkContext (its log has the
+    # OutOfMemoryError) and answers every query with this until it is restarted.
+    "Cannot call methods on a stopped SparkContext",
 )
 _MEMORY_FIX = (
     "Give Spark's driver more memory: `tidemark spark stop`, then `tidemark spark start "
