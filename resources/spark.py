@@ -312,7 +312,7 @@ def spark_failure(exc: BaseException, what: str, remote: str | None) -> Tidemark
         where = f"The Spark Connect server at {remote}" if remote else "Spark's driver JVM"
         return SparkServerLost(
             f"{where} went away during {what} ({first}); nothing was committed. A server "
-            "that runs out of memory exits this way.",
+            "whose driver ran out of memory fails this way.",
             "`tidemark spark start` starts the local server again (`tidemark transform` does "
             "so by itself); if its log (`tidemark spark status` names it) shows "
             "java.lang.OutOfMemoryError, start it with more memory: `tidemark spark stop`, "
