@@ -279,6 +279,11 @@ _SERVER_GONE = (
     # A Connect server whose driver ran out of memory stops its SparkContext (its log has the
     # OutOfMemoryError) and answers every query with this until it is restarted.
     "Cannot call methods on a stopped SparkContext",
+    # The session's server was replaced under it (restarted on the same address).
+    "NO_ACTIVE_SESSION",
+    "SESSION_CHANGED",
+    "SESSION_NOT_FOUND",
+    "SESSION_CLOSED",
 )
 _MEMORY_FIX = (
     "Give Spark's driver more memory: `tidemark spark stop`, then `tidemark spark start "
@@ -309,7 +314,10 @@ def spark_failure(exc: BaseException, what: str, remote: str | None) -> Tidemark
     status = getattr(exc, "getGrpcStatusCode", None)
     code = getattr(status(), "name", "") if callable(status) else ""
     if code == "UNAVAILABLE" or any(marker in text for marker in _SERVER_GONE):
-        where = f"The Spark Connect server at {remote}" if remote else "Spark's driver JVM"
+        if remote or ".connect" in type(exc).__module__:
+            where = "The Spark Connect server" + (f" at {remote}" if remote else "")
+        else:
+            where = "Spark's driver JVM"
         return SparkServerLost(
             f"{where} went away during {what} ({first}); nothing was committed. A server "
             "whose driver ran out of memory fails this way.",

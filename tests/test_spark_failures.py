@@ -209,3 +209,54 @@ def test_a_server_out_of_memory_is_an_error_with_its_fix_and_start_replaces_it(
         assert fresh is not None and fresh.pid != server.pid
     finally:
         stop_server(home)
+
+
+# `transform --all` in a process whose session's server is killed before the first stream:
+# that stream fails, the next one gets a fresh server and session.
+ALL_AFTER_A_LOSS = r"""
+import os, signal, sys, time
+os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+from resources.processes import runs
+from resources.spark import SparkConfig, spark_session
+from resources.spark_server import CONNECT_CLASS
+from tidemark.cli.commands import main
+
+spark, _ = spark_session(SparkConfig(remote=os.environ["URL"]))
+assert spark.range(3).count() == 3
+pid = int(os.environ["PID"])
+os.kill(pid, signal.SIGKILL)
+while runs(pid, CONNECT_CLASS):
+    time.sleep(0.1)
+sys.exit(main(["transform", "--all"]))
+"""
+
+
+def test_transform_all_goes_on_with_a_fresh_server_after_a_lost_one(setup, client, db_name):
+    env, home = setup
+    Path(env["TIDEMARK_CONFIG"]).write_text(
+        "streams:\n"
+        + "".join(
+            f"  - name: {name}\n    database: {db_name}\n    collection: {name}\n"
+            "    max_await_time_ms: 200\n"
+            for name in ("first", "second")
+        )
+    )
+    assert main(["drain", "--all"]) == 0
+    for name in ("first", "second"):
+        client[db_name][name].insert_many([{"_id": i} for i in range(6)])
+    assert main(["drain", "--all"]) == 0
+    server, _ = start_server(home, port=free_port(), driver_memory="512m")
+    done = subprocess.run(
+        [sys.executable, "-c", ALL_AFTER_A_LOSS],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "URL": server.url, "PID": str(server.pid)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    rows = {line.split()[0]: line for line in done.stdout.splitlines()[2:]}
+    assert "FAILED" in rows["first"], done.stdout
+    assert rows["second"].split()[1:4] == ["1", "6", "6"], done.stdout + done.stderr[-3000:]
+    assert "stream 'first' failed: The Spark Connect server" in done.stderr
+    assert "Traceback" not in done.stderr
