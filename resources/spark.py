@@ -9,6 +9,7 @@ the long-lived local server of `resources/spark_server.py`) no JVM starts in thi
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,7 +25,13 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, Field
 
 from resources.delta import delta_jvm_settings
-from tidemark.errors import SparkUnavailable
+from tidemark.errors import (
+    SparkOutOfMemory,
+    SparkQueryFailed,
+    SparkServerLost,
+    SparkUnavailable,
+    TidemarkError,
+)
 
 _LOG4J = """\
 rootLogger.level = error
@@ -184,6 +192,8 @@ def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
         builder = builder.config(key, value)
     try:
         session = builder.getOrCreate()
+        if config.remote:
+            _stop_retrying_a_dead_server(session, config.remote)
     except Exception as exc:  # py4j and Connect raise many kinds; all mean "no Spark"
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         if config.remote:
@@ -218,6 +228,28 @@ def check_remote_answers(remote: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+def _stop_retrying_a_dead_server(session: Any, remote: str) -> None:
+    """The Connect client retries an unavailable server for about ten minutes: a server that
+    died mid-run (killed, out of memory) would hang the run that long. Its retries go on only
+    while something still accepts connections at the server's address."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    class WhileItListens(DefaultPolicy):
+        def can_retry(self, e: BaseException) -> bool:
+            if not super().can_retry(e):
+                return False
+            try:
+                check_remote_answers(remote, timeout=2.0)
+            except SparkUnavailable:
+                return False
+            return True
+
+    client = session.client
+    client.set_retry_policies(
+        [WhileItListens() if type(p) is DefaultPolicy else p for p in client.get_retry_policies()]
+    )
+
+
 def stop_if_created(session: Any, created: bool) -> None:
     if created:
         _await_connect_releases(session)
@@ -233,3 +265,104 @@ def _await_connect_releases(session: Any, timeout: float = 10.0) -> None:
     futures = getattr(session.client, "_release_futures", None)
     if futures:
         concurrent.futures.wait(list(futures), timeout=timeout)
+
+
+# Spark's failures as Tidemark's errors. Spark raises py4j, gRPC and PySpark exceptions whose
+# text is a JVM stack trace; the transform's entry (jobs.transform.run) passes everything it
+# catches through `spark_failure`, the one place that names them.
+_OOM = re.compile(r"java\.lang\.OutOfMemoryError[^\n]*")
+_SERVER_GONE = (
+    "failed to connect to all addresses",
+    "Connection refused",
+    "Socket closed",
+    "Connection reset",
+    "Answer from Java side is empty",  # py4j: the local driver JVM died
+    "Error while sending or receiving",
+    # A Connect server whose driver ran out of memory stops its SparkContext (its log has the
+    # OutOfMemoryError) and answers every query with this until it is restarted.
+    "Cannot call methods on a stopped SparkContext",
+    # The session's server was replaced under it (restarted on the same address).
+    "NO_ACTIVE_SESSION",
+    "SESSION_CHANGED",
+    "SESSION_NOT_FOUND",
+    "SESSION_CLOSED",
+)
+_MEMORY_FIX = (
+    "Give Spark's driver more memory: `tidemark spark stop`, then `tidemark spark start "
+    "--driver-memory 4g` (the local Connect server; a remote one is sized where it runs), and "
+    "run the transform again. A smaller `budget.max_bytes` in the stream's config keeps later "
+    "drains' batches, and so a transform's input, smaller."
+)
+
+
+def spark_failure(exc: BaseException, what: str, remote: str | None) -> TidemarkError | None:
+    """`exc` as Tidemark's typed error with its fix when it is Spark's (PySpark, py4j, gRPC),
+    else None. `what` names the work (e.g. "the transform of stream 'orders'"); `remote` is
+    the Connect URL in use, if any."""
+    if isinstance(exc, TidemarkError) or not type(exc).__module__.startswith(
+        ("pyspark", "py4j", "grpc")
+    ):
+        return None
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = (lines[0] if lines else type(exc).__name__)[:300]
+    oom = _OOM.search(text)
+    if oom:
+        return SparkOutOfMemory(
+            f"Spark ran out of memory during {what} ({oom.group(0).strip()[:200]}); nothing "
+            "was committed.",
+            _MEMORY_FIX,
+        )
+    status = getattr(exc, "getGrpcStatusCode", None)
+    code = getattr(status(), "name", "") if callable(status) else ""
+    if code == "UNAVAILABLE" or any(marker in text for marker in _SERVER_GONE):
+        if remote or ".connect" in type(exc).__module__:
+            where = "The Spark Connect server" + (f" at {remote}" if remote else "")
+        else:
+            where = "Spark's driver JVM"
+        return SparkServerLost(
+            f"{where} went away during {what} ({first}); nothing was committed. A server "
+            "whose driver ran out of memory fails this way.",
+            "`tidemark spark start` starts the local server again (`tidemark transform` does "
+            "so by itself); if its log (`tidemark spark status` names it) shows "
+            "java.lang.OutOfMemoryError, start it with more memory: `tidemark spark stop`, "
+            "then `tidemark spark start --driver-memory 4g`. A remote server "
+            f"({REMOTE_ENV}) is restarted where it runs.",
+        )
+    return SparkQueryFailed(
+        f"Spark failed during {what}: {type(exc).__name__}: {first}. Nothing was committed.",
+        "Run it again; if it fails the same way, the Spark server's log (`tidemark spark "
+        "status` names the local one's) has the whole error.",
+    )
+
+
+@contextlib.contextmanager
+def spark_failures(what: str) -> Iterator[None]:
+    """Re-raise Spark's failures inside the block as Tidemark's errors (no JVM trace)."""
+    try:
+        yield
+    except Exception as exc:
+        translated = spark_failure(exc, what, _active_remote())
+        if translated is None:
+            raise
+        raise translated from None
+
+
+def _active_remote() -> str | None:
+    """The Connect URL of the process's session, or None (a classic session, or none)."""
+    with contextlib.suppress(Exception):
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.active()
+        if type(session).__module__.startswith("pyspark.sql.connect"):
+            return f"sc://{session.client._builder.endpoint}"
+    return None
+
+
+def discard_session(session: Any) -> None:
+    """Stop a session whose server may be gone without the Connect client's minutes of
+    retries, so the next `spark_session()` builds a fresh one."""
+    with contextlib.suppress(Exception):
+        if type(session).__module__.startswith("pyspark.sql.connect"):
+            session.client.set_retry_policies([])
+        session.stop()

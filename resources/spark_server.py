@@ -122,9 +122,13 @@ def start_server(
     call started it. Without `port`, the last one used, else 15002, else a free one."""
     with _start_lock(home):
         running = running_server(home)
-        if running:
+        if running and _answers_query(running.url):
             _check_same_code(running)
             return running, False
+        if running:
+            # Alive and listening but answering nothing: a driver that ran out of memory
+            # stops its SparkContext and stays up. A fresh one replaces it.
+            terminate(running.pid, CONNECT_CLASS)
         saved = _load(home)
         if saved and runs(saved.pid, CONNECT_CLASS):
             server, started = saved, False  # launched by a `start` that was interrupted

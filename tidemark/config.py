@@ -319,6 +319,11 @@ class TidemarkConfig(BaseModel):
     # Entries of the streams file that did not validate, by name (see `load_streams`).
     _broken: dict[str, ConfigError] = PrivateAttr(default_factory=dict)
 
+    @property
+    def broken(self) -> dict[str, ConfigError]:
+        """The entries of the streams file that did not validate, by name, with their error."""
+        return dict(self._broken)
+
     def stream(self, name: str) -> StreamConfig:
         if name in self._broken:
             raise self._broken[name]

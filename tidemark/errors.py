@@ -104,3 +104,19 @@ class SourceChanged(TidemarkError):
 
 class LakeNotLocal(LakeError):
     """TIDEMARK_LAKE is a URL (s3://, gs://, ...): only a local path is supported yet."""
+
+
+# --- issue 23 (CLI and Spark failures): Spark's own failures, translated at the transform ---
+
+
+class SparkServerLost(SparkUnavailable):
+    """The Spark Connect server went away while a run used it (it exited, was killed, or ran
+    out of memory): nothing was committed."""
+
+
+class SparkOutOfMemory(TidemarkError):
+    """Spark's driver ran out of memory (java.lang.OutOfMemoryError) during a run."""
+
+
+class SparkQueryFailed(TidemarkError):
+    """A Spark query failed on the JVM side for a reason Tidemark has no better name for."""

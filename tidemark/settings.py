@@ -20,9 +20,40 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def tidemark_home() -> Path:
-    """`TIDEMARK_HOME`, else `~/.tidemark`."""
+    """`TIDEMARK_HOME`, else `./.tidemark` when the current directory has one (what `make`
+    uses, so the bare CLI in a checkout sees the demo's state), else `~/.tidemark`."""
     raw = os.environ.get("TIDEMARK_HOME")
-    return Path(raw).expanduser().resolve() if raw else Path.home() / ".tidemark"
+    if raw:
+        return Path(raw).expanduser().resolve()
+    local = Path.cwd() / ".tidemark"
+    return local if local.is_dir() else Path.home() / ".tidemark"
+
+
+def _has_state(home: Path) -> bool:
+    return any((home / name).exists() for name in ("state.db", "lake", "mongod", "spark"))
+
+
+def home_notice(home: Path) -> str | None:
+    """A line naming the home in use when it may not be the one meant: another candidate home
+    (`./.tidemark`, `~/.tidemark`) exists beside it with no variable choosing, or the home in
+    use holds no state while another does. None when the choice is the obvious one."""
+    others = [
+        p
+        for p in (Path.cwd() / ".tidemark", Path.home() / ".tidemark")
+        if p.is_dir() and p.resolve() != home.resolve()
+    ]
+    chosen_by_env = bool(os.environ.get("TIDEMARK_HOME"))
+    if not others or (chosen_by_env and (_has_state(home) or not any(map(_has_state, others)))):
+        return None
+    if chosen_by_env:
+        why = "TIDEMARK_HOME"
+    else:
+        why = "this directory's" if home == Path.cwd() / ".tidemark" else "the default"
+    empty = "" if _has_state(home) else ", which holds no state yet"
+    return (
+        f"Tidemark home: {home} ({why}{empty}); also found {', '.join(map(str, others))}. "
+        "Set TIDEMARK_HOME to choose."
+    )
 
 
 def lake_path(raw: str) -> Path:

@@ -37,6 +37,7 @@ from jobs.transform.change_log import NewEvents, log_new_events
 from jobs.transform.fold import EventFacts
 from jobs.transform.readers import change_log
 from jobs.transform.versions import VersionPlan, folds_namespace_events, write_base, write_delta
+from resources.spark import spark_failures
 from state import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
@@ -78,7 +79,23 @@ def transform(
     progress: ProgressCallback | None = None,
 ) -> TransformResult:
     """Run the transform for `stream` once; see the module docstring. `progress` hears of
-    each phase (change log, current, commit) and the events read."""
+    each phase (change log, current, commit) and the events read. Spark's own failures (out
+    of memory, a Connect server gone) leave as Tidemark's errors with their fix, not traces."""
+    with spark_failures(f"the transform of stream {stream.name!r}"):
+        return _transform(
+            spark, store, lake_root, stream, before_commit=before_commit, progress=progress
+        )
+
+
+def _transform(
+    spark: SparkSource,
+    store: StateStore,
+    lake_root: Path,
+    stream: StreamConfig,
+    *,
+    before_commit: Callable[[], None] | None,
+    progress: ProgressCallback | None,
+) -> TransformResult:
     clock = time.monotonic()
     tstate = TransformState(store)
     store.ensure_stream_row(stream)

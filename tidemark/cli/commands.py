@@ -13,18 +13,20 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from jobs.capture import DrainResult, drain
-from jobs.ops import collect_garbage, reset_stream, stream_status
+from jobs.ops import collect_garbage, reset_stream
 from resources.embedded_mongo import ensure_embedded, stop_embedded
 from resources.spark import REMOTE_ENV
 from resources.spark_server import DEFAULT_PORT, last_log, running_server, start_server, stop_server
 from tidemark.cli.curated import tables_command, transform_command
 from tidemark.cli.progress import terminal_progress
-from tidemark.cli.runtime import Runtime, open_runtime
-from tidemark.cli.table import format_table, human_bytes, human_seconds
+from tidemark.cli.runtime import Runtime, StreamFailures, open_runtime
+from tidemark.cli.status import status_json, status_table
+from tidemark.cli.table import format_table, human_bytes
 from tidemark.errors import SparkServerError, TidemarkError
-from tidemark.settings import Settings
+from tidemark.settings import Settings, home_notice
 from tidemark.tokens import ts_to_datetime
 
 
@@ -44,8 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("stream", nargs="?", help="stream name; omit with --all")
     p.add_argument("--all", action="store_true", help="transform every stream in the config")
-    sub.add_parser("status", help="checkpoint time, lag, last batch and oplog headroom per stream")
-    sub.add_parser("tables", help="per stream: newest version, rows, manifest and columns")
+    p = sub.add_parser(
+        "status", help="checkpoint time, lag, last batch and oplog headroom per stream"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p = sub.add_parser("tables", help="per stream: newest version, rows, manifest and columns")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p = sub.add_parser("reset", help="move a stream's checkpoint explicitly (recorded)")
     p.add_argument("stream")
     where = p.add_mutually_exclusive_group(required=True)
@@ -127,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    notice = home_notice(settings.home)
+    if notice:
+        print(f"tidemark: {notice}", file=sys.stderr)
     if args.command == "mongod":
         return _mongod(args.action, settings)
     if args.command == "spark":
@@ -142,9 +151,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "transform":
             return transform_command(runtime, args)
         if args.command == "status":
-            return _status(runtime)
+            return status_json(runtime) if args.json else status_table(runtime)
         if args.command == "tables":
-            return tables_command(runtime)
+            return tables_command(runtime, as_json=args.json)
         if args.command == "reset":
             return _reset(runtime, args)
         if args.command == "resnapshot":
@@ -166,18 +175,32 @@ def _run(args: argparse.Namespace) -> int:
 def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.all == bool(args.stream):
         raise TidemarkError("Name one stream to drain, or pass --all.", "")
-    streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
     shown = terminal_progress()
-    results = [
-        drain(s, runtime.client, runtime.store, runtime.lake_root, progress=shown) for s in streams
-    ]
+    if not args.all:
+        stream = runtime.config.stream(args.stream)
+        result = drain(stream, runtime.client, runtime.store, runtime.lake_root, progress=shown)
+        print(_drain_table([result]))
+        return 0
+    results: list[DrainResult | str] = []
+    failures = StreamFailures.of(runtime.config)
+    for stream in runtime.config.streams:
+        outcome = failures.run(
+            stream.name,
+            lambda s=stream: drain(
+                s, runtime.client, runtime.store, runtime.lake_root, progress=shown
+            ),
+        )
+        results.append(outcome if outcome is not None else stream.name)
     print(_drain_table(results))
-    return 0
+    return failures.report()
 
 
-def _drain_table(results: list[DrainResult]) -> str:
-    rows = []
+def _drain_table(results: Sequence[DrainResult | str]) -> str:
+    rows: list[list[Any]] = []
     for r in results:
+        if isinstance(r, str):  # a stream that failed: its message follows the table
+            rows.append([r, "-", "-", "-", "-", "FAILED (see below)", "-"])
+            continue
         token_time = ts_to_datetime(r.token_cluster_time)
         rows.append(
             [
@@ -193,49 +216,13 @@ def _drain_table(results: list[DrainResult]) -> str:
     table = format_table(
         ["stream", "events", "files", "bytes", "token time (UTC)", "stopped", "took"], rows
     )
-    warnings = [f"warning: stream {r.stream}: {w}." for r in results for w in r.warnings]
+    warnings = [
+        f"warning: stream {r.stream}: {w}."
+        for r in results
+        if not isinstance(r, str)
+        for w in r.warnings
+    ]
     return "\n".join([table, *warnings])
-
-
-def _status(runtime: Runtime) -> int:
-    rows = []
-    warnings: list[str] = []
-    for stream in runtime.config.streams:
-        s = stream_status(stream, runtime.client, runtime.store)
-        last = s.last_batch
-        rows.append(
-            [
-                s.stream,
-                s.namespace,
-                f"{s.position_time:%Y-%m-%d %H:%M:%S}" if s.position_time else "no position yet",
-                human_seconds(s.lag_seconds),
-                f"{last.committed_at:%Y-%m-%d %H:%M:%S} ({last.event_count:,} events)"
-                if last
-                else "-",
-                human_seconds(s.oplog_window_seconds),
-                human_seconds(s.headroom_seconds),
-                s.condition,
-            ]
-        )
-        warnings += s.warnings()
-    print(
-        format_table(
-            [
-                "stream",
-                "watches",
-                "token time (UTC)",
-                "lag",
-                "last batch (UTC)",
-                "oplog window",
-                "headroom",
-                "state",
-            ],
-            rows,
-        )
-    )
-    for warning in warnings:
-        print(f"warning: {warning}.")
-    return 0
 
 
 def _reset(runtime: Runtime, args: argparse.Namespace) -> int:

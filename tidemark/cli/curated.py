@@ -9,14 +9,21 @@ stale (`jobs.catalog.publish_if_stale`).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from jobs.catalog import TableState, publish_if_stale, tables
-from resources.spark import SparkConfig, prepare_connect_mode, spark_session, stop_if_created
+from resources.spark import (
+    SparkConfig,
+    discard_session,
+    prepare_connect_mode,
+    spark_session,
+    stop_if_created,
+)
 from tidemark.cli.progress import terminal_progress
-from tidemark.cli.runtime import Runtime, resolve_spark_remote
-from tidemark.cli.table import format_table
-from tidemark.errors import LeaseHeld, TidemarkError
+from tidemark.cli.runtime import Runtime, StreamFailures, resolve_spark_remote
+from tidemark.cli.table import format_table, iso_utc, print_json
+from tidemark.errors import LeaseHeld, SparkServerLost, TidemarkError
 
 
 def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
@@ -39,17 +46,35 @@ def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
             opened.append(spark_session(config))
         return opened[0][0]
 
+    def one(stream: Any) -> Any:
+        try:
+            return transform(
+                session, runtime.store, runtime.lake_root, stream, progress=terminal_progress()
+            )
+        except SparkServerLost:
+            # The next stream asks for a fresh session: the home's server is started again
+            # (resolve_spark_remote), so one stream's crash does not fail the others.
+            for spark, _ in opened:
+                discard_session(spark)
+            opened.clear()
+            raise
+
     rows = []
+    failures = StreamFailures.of(runtime.config) if args.all else StreamFailures()
     try:
         for stream in streams:
             try:
-                r = transform(
-                    session, runtime.store, runtime.lake_root, stream, progress=terminal_progress()
-                )
+                r = one(stream)
             except LeaseHeld as exc:
                 if not args.all:
                     raise
                 rows.append([stream.name, "-", "-", "-", "-", "-", f"skipped: {exc.problem}"])
+                continue
+            except Exception as exc:  # under --all, one stream's failure stops no other
+                if not args.all:
+                    raise
+                failures.failed.append((stream.name, exc))
+                rows.append([stream.name, "-", "-", "-", "-", "-", "FAILED (see below)"])
                 continue
             made = f"{r.version} ({r.kind})" if r.version is not None else "-"
             rows.append(
@@ -68,14 +93,15 @@ def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
             stop_if_created(spark, created)
     header = ["stream", "batches", "events", "changes added", "version", "rows", "took"]
     print(format_table(header, rows))
-    return 0
+    return failures.report()
 
 
-def tables_command(runtime: Runtime) -> int:
-    rows, healed = [], []
+def tables_command(runtime: Runtime, as_json: bool = False) -> int:
+    rows, healed, documents = [], [], []
     for stream in runtime.config.streams:
         healed += publish_if_stale(runtime.store, runtime.lake_root, stream.name)
         found = tables(runtime.store, runtime.lake_root, stream.name, with_files=False)
+        documents += [_table_json(t) for t in found]
         if not found:
             rows.append([stream.name, "-", "-", "-", "-", "no table yet: run the transform", ""])
         for t in found:
@@ -90,11 +116,31 @@ def tables_command(runtime: Runtime) -> int:
                     schema_summary(t),
                 ]
             )
-    header = ["stream", "table", "version", "rows", "committed (UTC)", "manifest", "columns"]
-    print(format_table(header, rows))
+    if as_json:
+        # A stream without a table yet has no entry; stdout holds the one document only.
+        print_json({"tables": documents})
+    else:
+        header = ["stream", "table", "version", "rows", "committed (UTC)", "manifest", "columns"]
+        print(format_table(header, rows))
     for t in healed:
-        print(f"Rewrote the stale manifest of {t.stream}/{t.table} (version {t.version}).")
+        print(
+            f"Rewrote the stale manifest of {t.stream}/{t.table} (version {t.version}).",
+            file=sys.stderr if as_json else sys.stdout,
+        )
     return 0
+
+
+def _table_json(table: TableState) -> dict[str, Any]:
+    return {
+        "stream": table.stream,
+        "table": table.table,
+        "version": table.version,
+        "rows": table.rows,
+        "committed_at": iso_utc(table.committed_at),
+        "location": str(table.location),
+        "manifest": str(table.manifest_path),
+        "columns": [{"name": c.name, "type": c.type} for c in table.columns],
+    }
 
 
 def schema_summary(table: TableState, shown: int = 4) -> str:

@@ -10,8 +10,11 @@ the demo and the UI use the home's long-lived Spark Connect server when neither
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pymongo import MongoClient
 
@@ -21,6 +24,7 @@ from resources.spark import REMOTE_ENV
 from resources.spark_server import start_server
 from state import StateStore
 from tidemark.config import TidemarkConfig, load_streams
+from tidemark.errors import TidemarkError
 from tidemark.settings import Settings
 
 
@@ -97,3 +101,36 @@ def open_runtime(settings: Settings | None = None, announce: bool = True) -> Run
     uri = resolve_mongodb_uri(settings, announce)
     client = connect(uri, raw=True)
     return Runtime(settings, config, store, client, uri)
+
+
+@dataclass
+class StreamFailures:
+    """`--all` runs every stream whatever another one's fate: a stream that fails is a row
+    marked FAILED and its message after the table, and the exit code says one failed (2 for
+    Tidemark's errors; 1, with the traceback, for an unexpected one)."""
+
+    failed: list[tuple[str, BaseException]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, config: TidemarkConfig) -> StreamFailures:
+        """Starting with the streams file's broken entries: `--all` means every stream the
+        file declares, and one that cannot even be read has failed."""
+        return cls(failed=list(config.broken.items()))
+
+    def run(self, stream: str, work: Callable[[], Any]) -> Any:
+        try:
+            return work()
+        except Exception as exc:  # one stream's failure must not stop the others
+            self.failed.append((stream, exc))
+            return None
+
+    def report(self) -> int:
+        for stream, exc in self.failed:
+            if isinstance(exc, TidemarkError):
+                print(f"tidemark: stream {stream!r} failed: {exc}", file=sys.stderr)
+            else:
+                print(f"tidemark: stream {stream!r} failed unexpectedly:", file=sys.stderr)
+                traceback.print_exception(exc, file=sys.stderr)
+        if not self.failed:
+            return 0
+        return 2 if all(isinstance(e, TidemarkError) for _, e in self.failed) else 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -43,3 +45,16 @@ def human_seconds(seconds: float | None) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
+
+
+def iso_utc(moment: datetime | None) -> str | None:
+    """A time for `--json`: ISO 8601 in UTC with a Z (naive times are the store's UTC)."""
+    if moment is None:
+        return None
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def print_json(document: Any) -> None:
+    """`--json`'s output: one document on stdout, keys in a stable order."""
+    print(json.dumps(document, indent=2, sort_keys=False))
