@@ -59,12 +59,14 @@ def test_jobs_run_through_the_dagster_cli_without_the_optional_variables(
     # The first run only registers the stream (`start: now`); the second drains these writes.
     first = _dagster(env, "job", "execute", "-m", "orchestration.definitions", "-j", "orders_drain")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    # The replayed window (a minute) must lie inside the oplog: after its first entry.
+    # The replayed window (a minute) must lie inside the oplog, after its first entry, and
+    # hold these writes only: after the minute of the seed's insert too.
     from resources.mongo import oplog_window
     from tidemark.tokens import ts_to_datetime
 
     oplog_first = ts_to_datetime(oplog_window(client).first)
-    while datetime.now(UTC).replace(second=0, microsecond=0) <= oplog_first:
+    seeded = datetime.now(UTC)  # the seed's insert is behind us (same machine's clock)
+    while datetime.now(UTC).replace(second=0, microsecond=0) <= max(oplog_first, seeded):
         time.sleep(1)
     written_at = datetime.now(UTC)
     orders.insert_many([{"_id": i, "n": i} for i in range(1, 11)])
