@@ -10,23 +10,19 @@ from pathlib import Path
 import pytest
 
 from state import StateStore
+from tests.helpers.cli_env import cli_environment
 from tidemark.cli.commands import main
 
 
 @pytest.fixture
 def env(monkeypatch, tmp_path, mongod, db_name):
-    config = tmp_path / "streams.yaml"
-    config.write_text(
+    return cli_environment(
+        monkeypatch,
+        tmp_path,
+        mongod.uri,
         f"streams:\n  - name: orders\n    database: {db_name}\n    collection: orders\n"
-        "    max_await_time_ms: 200\n"
+        "    max_await_time_ms: 200\n",
     )
-    state_url = f"sqlite:///{tmp_path / 'state.db'}"
-    monkeypatch.setenv("MONGODB_URI", mongod.uri)
-    monkeypatch.setenv("TIDEMARK_CONFIG", str(config))
-    monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
-    monkeypatch.setenv("TIDEMARK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
-    return {"config": config, "state_url": state_url, "lake": tmp_path / "lake"}
 
 
 def test_drain_and_status(env, client, db_name, capsys):

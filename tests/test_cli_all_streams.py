@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from state import StateStore
+from tests.helpers.cli_env import cli_environment
 from tidemark import settings as tm_settings
 from tidemark.cli.commands import main
 
@@ -26,15 +27,7 @@ def _two_streams(db_name: str, broken_extra: str = "") -> str:
 
 @pytest.fixture
 def env(monkeypatch, tmp_path, mongod, db_name):
-    config = tmp_path / "streams.yaml"
-    config.write_text(_two_streams(db_name))
-    state_url = f"sqlite:///{tmp_path / 'state.db'}"
-    monkeypatch.setenv("MONGODB_URI", mongod.uri)
-    monkeypatch.setenv("TIDEMARK_CONFIG", str(config))
-    monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
-    monkeypatch.setenv("TIDEMARK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
-    return {"config": config, "state_url": state_url, "lake": tmp_path / "lake"}
+    return cli_environment(monkeypatch, tmp_path, mongod.uri, _two_streams(db_name))
 
 
 def test_drain_all_drains_every_stream_and_reports_the_failed_one(env, client, db_name, capsys):

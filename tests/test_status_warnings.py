@@ -9,6 +9,7 @@ import pytest
 from jobs.capture import drain
 from orchestration.definitions import build_definitions
 from orchestration.resources import build_resources
+from tests.helpers.cli_env import cli_environment
 from tidemark.cli.commands import main
 from tidemark.config import TidemarkConfig
 
@@ -22,12 +23,7 @@ def env(monkeypatch, tmp_path, mongod, db_name):
             f"    max_await_time_ms: 200\n{extra}"
         )
 
-    config = tmp_path / "streams.yaml"
-    monkeypatch.setenv("MONGODB_URI", mongod.uri)
-    monkeypatch.setenv("TIDEMARK_CONFIG", str(config))
-    monkeypatch.setenv("TIDEMARK_STATE_URL", f"sqlite:///{tmp_path / 'state.db'}")
-    monkeypatch.setenv("TIDEMARK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
+    config = cli_environment(monkeypatch, tmp_path, mongod.uri, "")["config"]
     write()
     return write
 
