@@ -30,7 +30,7 @@ from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from tests.helpers.oplog import roll_oplog_past
 from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state
-from tidemark.errors import HistoryLost
+from tidemark.errors import HistoryLost, SnapshotOutrun
 from tidemark.tokens import CANONICAL, token_cluster_time, token_from_json, unpack_ts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +165,53 @@ def test_lost_history_fails_or_resnapshots_to_an_exact_state(
         got = current_state(read_current(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw, "shop", "orders")
         assert len(got) == 150  # the 50 deleted in the gap are gone from current too
+        client.close()
+        raw.close()
+    finally:
+        stop_mongod(small)
+
+
+def test_a_copy_outrun_by_the_oplog_says_so_and_the_next_run_copies_again(
+    spark, tmp_path, sqlite_store, make_stream
+):
+    """on_history_lost: resnapshot, and the oplog rolls past the fresh copy's time while it
+    copies: the run ends with SnapshotOutrun (a HistoryLost) naming the fix, the copy stays
+    committed and nothing else moves; the next run copies again and `current` is exact."""
+    small = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
+    lake = tmp_path / "lake"
+    try:
+        client = connect(small.uri)
+        raw = connect(small.uri, raw=True)
+        client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
+        stream = make_stream(
+            database="shop",
+            collection="orders",
+            on_history_lost="resnapshot",
+            snapshot_chunk_size=64,
+        )
+        drain_until_caught_up(stream, raw, sqlite_store, lake)
+        kept = sqlite_store.checkpoint(stream.name)
+        client.shop.orders.delete_many({"_id": {"$lt": 50}})
+        roll_oplog_past(client, kept.cluster_time)
+
+        def roll_during_the_copy(snapshot) -> None:
+            if snapshot.reason == "history lost" and snapshot.chunks == 1:
+                roll_oplog_past(client, snapshot.cluster_time)
+
+        with pytest.raises(SnapshotOutrun) as outrun:
+            drain(stream, raw, sqlite_store, lake, after_chunk=roll_during_the_copy)
+        assert "replSetResizeOplog" in outrun.value.fix
+        copy = sqlite_store.running_snapshot(stream.name)
+        assert copy is None  # the copy finished and is committed
+        client.shop.filler.drop()
+
+        result = drain(stream, raw, sqlite_store, lake)  # copies again, then goes on
+        assert result.snapshot is not None and result.snapshot.reason == "history lost"
+        drain_until_caught_up(stream, raw, sqlite_store, lake)
+        transform(spark, sqlite_store, lake, stream)
+        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        assert got == source_state(raw, "shop", "orders")
+        assert len(got) == 150
         client.close()
         raw.close()
     finally:

@@ -44,6 +44,11 @@ class HistoryLost(TidemarkError):
     """The stored resume point is no longer in the oplog (server error ChangeStreamHistoryLost)."""
 
 
+class SnapshotOutrun(HistoryLost):
+    """A copy made because the history was lost was itself outrun by the oplog before the
+    stream could go on from it: the oplog holds less than one copy's time."""
+
+
 class LeaseHeld(TidemarkError):
     """Another run holds the stream's lease: two drains of one stream never run at once."""
 

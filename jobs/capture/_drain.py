@@ -44,7 +44,7 @@ from state import (
 )
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import StreamConfig
-from tidemark.errors import HistoryLost, StateStoreError, StreamInvalidated
+from tidemark.errors import HistoryLost, SnapshotOutrun, StateStoreError, StreamInvalidated
 from tidemark.tokens import (
     SourceIdentity,
     datetime_to_ts,
@@ -139,9 +139,11 @@ def drain(
                     source,
                     progress,
                 )
-            except HistoryLost:
-                if stream.on_history_lost != "resnapshot" or attempt == 2:
+            except HistoryLost as lost:
+                if stream.on_history_lost != "resnapshot":
                     raise
+                if attempt == 2:
+                    raise _outrun(stream, lost) from None
                 reason = "history lost"
             else:
                 # A second rename-in after the copy: the unmoved position redoes it next run.
@@ -168,6 +170,19 @@ def _warned(
     could not be read (its guard then compares names only)."""
     found = [missing_namespace(client, stream), unverified_identity(source)]
     return replace(result, warnings=[*result.warnings, *(w for w in found if w)])
+
+
+def _outrun(stream: StreamConfig, lost: HistoryLost) -> SnapshotOutrun:
+    """The copy this run made (after losing the history, or a rename-in) was outrun by the
+    oplog in turn: a second copy in the same run could be outrun the same way."""
+    return SnapshotOutrun(
+        f"Stream {stream.name!r} copied its namespace afresh in this run, and the oplog rolled "
+        f"past that copy's time before the stream could go on from it "
+        f"({lost.problem}). The copy is committed; nothing else was.",
+        "The next run copies again (on_history_lost: resnapshot). If this repeats, the oplog "
+        "holds less than one copy's time: enlarge it (replSetResizeOplog), copy in larger "
+        "chunks (snapshot_chunk_size), or run the drain more often.",
+    )
 
 
 def drain_until_caught_up(

@@ -28,7 +28,7 @@ from resources.mongo import cluster_time, oplog_window, source_identity
 from state import FileEntry, StateStore, new_batch_id
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
-from tidemark.errors import TidemarkError
+from tidemark.errors import HistoryLost, TidemarkError
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
 
 
@@ -91,16 +91,27 @@ def replay(
         bounds = PassBounds(past_window, unbounded, until_end=True)
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id)
-        got = capture_pass(
-            stream,
-            client,
-            writer,
-            {"startAtOperationTime": start_ts},
-            bounds,
-            lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL),
-            position_time=start_ts,
-            follow_invalidate=stream.on_invalidate == "continue",
-        )
+        try:
+            got = capture_pass(
+                stream,
+                client,
+                writer,
+                {"startAtOperationTime": start_ts},
+                bounds,
+                lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL),
+                position_time=start_ts,
+                follow_invalidate=stream.on_invalidate == "continue",
+            )
+        except HistoryLost:
+            # The oplog rolled past the window's start between the check and the read: the
+            # window is older than the oplog now, as if the check had found it so.
+            raise ReplayRefused(
+                f"The replay window [{_fmt(start)}, {_fmt(end)}) of stream {stream.name!r} fell "
+                "off the oplog while it was being read: its changes are no longer on the "
+                "server, so a replay could not be exact. Nothing was committed.",
+                "Replay only windows well inside the oplog (see `tidemark status`); older "
+                "data needs a snapshot of the collection.",
+            ) from None
         if before_commit is not None:
             before_commit(writer.files)
         if got.events:
