@@ -1,52 +1,66 @@
 """The curated zone's layout (no Spark here: `tidemark gc` uses it too).
 
-`<lake>/curated/<stream>/changes/run=NNNNNN-<id>/date=YYYY-MM-DD/`  one run's change-log rows
-`<lake>/curated/<stream>/current/v=NNNNNN-<id>/`  one run's rows of `current`: a base or a delta
-Every run writes directories of its own (named by its attempt), and the state store is the
-catalog: a directory is data once a committed run names it, and readers go through the store,
-so an attempt that crashed is never read (`tidemark gc` removes its directories). A version of
-`current` is its base and deltas merged by the rule in `jobs.transform.merge`; the readers are
-in `jobs.transform.readers`.
+Every collection a stream sees gets a pair of Delta Lake tables:
+
+    <lake>/curated/<stream>/<db>/<coll>/changes/   its change events, partitioned by date
+    <lake>/curated/<stream>/<db>/<coll>/current/   its live documents, one row each
+    <lake>/curated/<stream>/<db>/$database/changes/  a database's own events (dropDatabase)
+    <lake>/curated/<stream>/_tidemark.state/removed/ tombstones and namespace barriers
+    <lake>/curated/<stream>/_tidemark.state/changes/ events of no database (a snapshot's start
+                                                     over a whole cluster)
+
+Database and collection names become one path segment each, percent-encoded where a name holds
+what a path cannot (`/`, `%`, a leading dot). `$database` and `_tidemark.state` can never be
+a collection's or a database's name (MongoDB refuses `$` in a collection name and `.` in a
+database name), so they never collide with data. The `removed` table is Tidemark's own: what
+keeps a deleted document from coming back when an older event arrives late; readers of
+`current` never need it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote, unquote
 
-# The change log's run files keep the full document's plain JSON beside the table's columns
-# (`current` parses its typed columns from it); it is not a column of `changes`: readers drop it.
+# The change log's rows carry the full document's plain JSON while a run folds them (`current`
+# parses its typed columns from it); it is not a column of any table.
 PLAIN_JSON = "_tm_json"
 
-META_COLUMNS = [
-    "_tm_db",
-    "_tm_coll",
-    "_tm_key",  # canonical Extended JSON of the document key
-    "_tm_document",  # canonical Extended JSON of the document: lossless
-    "_tm_event_id",  # the event that set this row (resume token _data: sorts in event order)
-    "_tm_cluster_time",
-    "_tm_json",  # plain JSON of the document, the source of the field columns
-]
+DATABASE_EVENTS = "$database"  # the collection segment of a database's own events
+STATE_DIR = "_tidemark.state"
+REMOVED = "removed"
 
 
 def curated(lake_root: Path, stream: str) -> Path:
     return lake_root / "curated" / stream
 
 
-def changes_dir(lake_root: Path, stream: str) -> Path:
-    return curated(lake_root, stream) / "changes"
+def segment(name: str) -> str:
+    """A database or collection name as one path segment that reads back the same."""
+    encoded = quote(name, safe=" !#&'()+,;=@[]^_`{}~-")
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
 
 
-def run_changes_dir(lake_root: Path, stream: str, version: int, run_id: str) -> Path:
-    """One run's change-log rows; `run=` makes each a partition of `changes/`, so Spark (or
-    any engine reading Hive partitions) reads the runs' directories together."""
-    return changes_dir(lake_root, stream) / f"run={version:06d}-{run_id}"
+def name_of(segment_text: str) -> str:
+    return unquote(segment_text)
 
 
-def current_root(lake_root: Path, stream: str) -> Path:
-    return curated(lake_root, stream) / "current"
+def collection_dir(lake_root: Path, stream: str, db: str | None, coll: str | None) -> Path:
+    """A collection's directory (`coll` None: the database's own events; `db` None too: the
+    stream's own)."""
+    if db is None:
+        return curated(lake_root, stream) / STATE_DIR
+    leaf = DATABASE_EVENTS if coll is None else segment(coll)
+    return curated(lake_root, stream) / segment(db) / leaf
 
 
-def version_dir_name(version: int, run_id: str) -> str:
-    """One directory per attempt: two runs that both think they hold the lease never write
-    (or replace) the same directory, and a committed run's directory is never touched."""
-    return f"v={version:06d}-{run_id}"
+def current_dir(lake_root: Path, stream: str, db: str, coll: str) -> Path:
+    return collection_dir(lake_root, stream, db, coll) / "current"
+
+
+def changes_dir(lake_root: Path, stream: str, db: str | None, coll: str | None) -> Path:
+    return collection_dir(lake_root, stream, db, coll) / "changes"
+
+
+def removed_dir(lake_root: Path, stream: str) -> Path:
+    return curated(lake_root, stream) / STATE_DIR / REMOVED

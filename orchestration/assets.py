@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import dagster as dg
 
 from jobs.capture import drain, replay
-from jobs.catalog import tables
+from jobs.catalog import stream_table
 from jobs.ops import stream_status
 from jobs.progress import ProgressCallback, describe, sparse
 from jobs.raw_zone import stream_root
@@ -157,9 +157,9 @@ def stream_assets(
             k["changes"],
             deps=[k["raw_changes"], k["replay"]],
             group_name=stream.name,
-            kinds={"spark", "parquet"},
-            description="The change log: one row per event, typed and flattened, de-duplicated "
-            "by event id and partitioned by date.",
+            kinds={"spark", "delta"},
+            description="The change log: per collection a Delta table, one row per event, "
+            "de-duplicated by event id and partitioned by date.",
             automation_condition=on_new_raw_batches(),
         )
     ]
@@ -169,10 +169,10 @@ def stream_assets(
                 k["current"],
                 deps=[k["changes"]],
                 group_name=stream.name,
-                kinds={"spark", "parquet"},
-                description="The current state: one row per live document, a new version per "
-                "run (the newest event per key wins, in event order). A version is a base and "
-                "the deltas after it, merged by readers; compaction rewrites it as one base.",
+                kinds={"spark", "delta"},
+                description="The current state: per collection a Delta table with one row per "
+                "live document (the newest event per key wins, in event order), MERGEd by "
+                "each run; compaction is Delta OPTIMIZE.",
                 freshness_policy=current_freshness(stream),
                 automation_condition=on_freshness_warned(),
             )
@@ -191,7 +191,11 @@ def stream_assets(
             result = transform(
                 spark.session, state.store(), lake.path, stream, progress=progress_log(context)
             )
-            now = tables(state.store(), lake.path, stream.name, with_files=False)
+            found = (
+                stream_table(state.store(), lake.path, stream.name, t)
+                for t in ("changes", "current")
+            )
+            now = [t for t in found if t is not None]
         metadata = transform_metadata(result, now)
         yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])
         if stream.current_table:

@@ -1,14 +1,15 @@
 """Per stream, the compaction of `current`: a job, and a sensor that starts it when due.
 
-Compaction runs apart from the sync job, so a scheduled run never waits for it. The sensor
-asks the state store only (no Spark) whether the newest version's deltas have grown past the
-stream's `compaction:` settings, and the job reports the new base as an observation of
-`current` (the rows are the same; only their layout changed).
+Compaction (Delta OPTIMIZE and a purge of deletion vectors) runs apart from the sync job, so a
+scheduled run never waits for it. The sensor asks the state store only (no Spark) whether
+enough runs merged since the last one (the stream's `compaction:` settings), and the job
+reports the tables as an observation of `current` (the rows are the same; only their files
+changed).
 """
 
 import dagster as dg
 
-from jobs.catalog import current_table
+from jobs.catalog import stream_table
 from jobs.transform import compact, delta_debt
 from orchestration.assets import keys, pool
 from orchestration.metadata import compaction_metadata, explained, table_metadata
@@ -28,18 +29,18 @@ def compaction_job(stream: StreamConfig) -> dg.JobDefinition:
         lake: LakeResource,
         spark: SparkResource,
     ) -> None:
-        """Rewrite the newest version of `current` (a base and its deltas) as one base."""
+        """OPTIMIZE every `current` table of the stream and purge its deletion vectors."""
         with explained():
             debt = delta_debt(state.store(), stream.name)
             result = compact(spark.session(), state.store(), lake.path, stream)
-            table = current_table(state.store(), lake.path, stream.name, with_files=False)
+            table = stream_table(state.store(), lake.path, stream.name, "current")
         metadata = {**(table_metadata(table) if table else {}), **compaction_metadata(result, debt)}
         context.log_event(dg.AssetObservation(asset_key=keys(stream)["current"], metadata=metadata))
 
     @dg.job(
         name=compaction_job_name(stream),
         executor_def=dg.in_process_executor,
-        description=f"Compact the current-state table of {stream.namespace} into one base.",
+        description=f"OPTIMIZE the current-state tables of {stream.namespace} (Delta Lake).",
     )
     def compaction() -> None:
         compact_current()
@@ -55,8 +56,9 @@ def compaction_sensor(stream: StreamConfig) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
     def due(context: dg.SensorEvaluationContext, state: StateStoreResource) -> dg.SensorResult:
-        """Starts the compaction once the deltas pass `compaction.delta_ratio` of the base's
-        rows or number `compaction.max_deltas` (one run per version)."""
+        """Starts the compaction once the runs that merged since the last one number
+        `compaction.max_deltas`, or folded `compaction.delta_ratio` of the rows (one run per
+        version)."""
         debt = delta_debt(state.store(), stream.name)
         settings = stream.compaction
         if debt.version is None or not debt.due(settings.delta_ratio, settings.max_deltas):

@@ -48,14 +48,24 @@ def table_metadata(table: TableState) -> dict[str, Any]:
             for c in table.columns
         ]
     )
-    return {
+    metadata: dict[str, Any] = {
         "dagster/column_schema": schema,
         "dagster/row_count": table.rows,
         "dagster/uri": table.location.as_uri(),
-        "manifest": dg.MetadataValue.path(str(table.manifest_path)),
+        "format": "delta",
         "version": table.version,
         "committed_at": dg.MetadataValue.timestamp(table.committed_at),
     }
+    if table.collections:  # a stream's summary: each collection's Delta table
+        metadata["collections"] = len(table.collections)
+        metadata["tables"] = dg.MetadataValue.md(
+            "| collection | Delta table | version | rows |\n|---|---|---:|---:|\n"
+            + "\n".join(
+                f"| {t.name} | `{t.location}` | {t.version} | {t.rows:,} |"
+                for t in table.collections
+            )
+        )
+    return metadata
 
 
 def drain_metadata(
@@ -102,7 +112,8 @@ def transform_metadata(
     result: TransformResult, tables: list[TableState]
 ) -> dict[str, dict[str, Any]]:
     """Metadata for `changes` and for `current`: what the run did, and the tables as they are
-    now (`tables`), so a run that added nothing still reports the newest version and rows."""
+    now (`tables`: the stream's summaries), so a run that added nothing still reports the
+    newest version and rows."""
     now = {t.table: table_metadata(t) for t in tables}
     changes = {
         **now.get("changes", {}),

@@ -23,7 +23,7 @@ SnapshotStatus = Literal["running", "done", "superseded"]  # superseded: restart
 
 # What a transform run wrote for `current`: a base (every row, from a full fold), a delta (the
 # rows of the keys it touched, read merged over its base), or a compaction's new base.
-VersionKind = Literal["base", "delta", "compaction"]
+VersionKind = Literal["base", "delta", "compaction", "merge"]  # merge: Delta tables
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,25 @@ class CurrentVersion:
     @property
     def is_base(self) -> bool:
         return self.path is not None and self.base_version == self.version
+
+
+TableKind = Literal["current", "changes"]
+
+
+@dataclass(frozen=True)
+class CuratedTable:
+    """One collection's Delta table as a committed run left it (`coll` "" holds a database's
+    own events, such as dropDatabase, in a `changes` table)."""
+
+    stream: str
+    run: int
+    db: str
+    coll: str
+    kind: TableKind
+    path: str  # lake-relative
+    delta_version: int
+    rows: int  # live documents (current) or events (changes)
+    doc_schema: str = ""  # Spark StructType JSON of the document columns (current)
 
 
 def new_batch_id() -> str:

@@ -22,8 +22,9 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_VERSION = 4  # 2: snapshots; 3: current as base + deltas, change log per run;
-# 4: the source deployment of a checkpoint (MIGRATIONS adds its columns to a version-3 store)
+SCHEMA_VERSION = 5  # 2: snapshots; 3: current as base + deltas, change log per run;
+# 4: the source deployment of a checkpoint (MIGRATIONS adds its columns to a version-3 store);
+# 5: Delta Lake tables per collection (their versions per run, and a run's intent)
 
 
 class UTCDateTime(TypeDecorator):
@@ -170,6 +171,29 @@ transformed_batches = Table(
     Column("transformed_at", UTCDateTime, nullable=False),
 )
 
+curated_tables = Table(
+    "tidemark_curated_tables",  # the Delta version of each collection table a committed run made
+    metadata,
+    Column("stream", String(64), ForeignKey("tidemark_streams.name"), primary_key=True),
+    Column("run", Integer, primary_key=True),
+    Column("db", String(200), primary_key=True),
+    Column("coll", String(400), primary_key=True),  # "" for a database's own events
+    Column("kind", String(16), primary_key=True),  # "current" | "changes"
+    Column("path", String(1024), nullable=False),  # the Delta table (lake-relative)
+    Column("delta_version", BigInteger, nullable=False),
+    Column("rows", BigInteger, nullable=False),  # live rows (current) or events (changes)
+    Column("doc_schema", Text, nullable=False),  # Spark StructType JSON of its document columns
+)
+
+transform_intents = Table(
+    "tidemark_transform_intents",  # the run under way: what it folds, written before any Delta
+    metadata,  # commit, so a run killed after one is repeated on exactly the same batches
+    Column("stream", String(64), ForeignKey("tidemark_streams.name"), primary_key=True),
+    Column("run", Integer, nullable=False),
+    Column("batch_ids", Text, nullable=False),  # JSON list
+    Column("started_at", UTCDateTime, nullable=False),
+)
+
 snapshots = Table(
     "tidemark_snapshots",
     metadata,
@@ -197,4 +221,5 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE tidemark_checkpoints ADD COLUMN source_set VARCHAR(200)",
         "ALTER TABLE tidemark_checkpoints ADD COLUMN source_id VARCHAR(64)",
     ],
+    4: [],  # version 5's tables are new: `create_all` adds them to a version-4 store
 }

@@ -8,13 +8,14 @@ stream never both commit, and a batch is folded by exactly one committed run.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from sqlalchemy import Select, func, insert, select, update
+from sqlalchemy import Select, delete, func, insert, select, update
 
 from state import manifest, schema
 from state.leases import TRANSFORM_LEASE_TTL
-from state.records import BatchRecord, CurrentVersion, Lease, SnapshotStatus
+from state.records import BatchRecord, CuratedTable, CurrentVersion, Lease, SnapshotStatus
 from state.schema import utc_now
 from state.store import StateStore
 from tidemark.errors import TransformConflict
@@ -63,18 +64,6 @@ class TransformState:
         )
         with self.store.transaction("transform progress") as conn:
             return manifest.batches_of(conn, query)
-
-    def version_parts(self, stream: str, version: int) -> list[CurrentVersion]:
-        """The runs whose directories make version `version` of `current`: its base, then
-        the deltas after it up to `version`, in order (readers merge them, see
-        `jobs.transform.merge`). Empty when `version` wrote no files.
-
-        Raises:
-            StateStoreError: the database failed.
-        """
-        runs = self.runs(stream)
-        chosen = next((r for r in runs if r.version == version), None)
-        return parts_of(runs, chosen) if chosen is not None else []
 
     def change_log_runs(
         self, stream: str, first_event_id: str | None = None, last_event_id: str | None = None
@@ -126,6 +115,50 @@ class TransformState:
         query = _newest(_runs(stream, with_version=True, include_pruned=True))
         return _first(self._read("version list", query))
 
+    def intent(self, stream: str) -> tuple[int, list[str]] | None:
+        """The run a crashed transform left under way: its number and its batches.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        i = schema.transform_intents
+        with self.store.transaction("transform intent") as conn:
+            row = conn.execute(select(i.c.run, i.c.batch_ids).where(i.c.stream == stream)).first()
+        return (row.run, json.loads(row.batch_ids)) if row else None
+
+    def record_intent(self, lease: Lease, stream: str, run: int, batch_ids: list[str]) -> None:
+        """Write down the run about to change Delta tables (fenced by the transform lease), so
+        that a crash after its first Delta commit is repeated with the same run number over the
+        same batches: Delta then skips every commit the first attempt made.
+
+        Raises:
+            LeaseLost: the transform lease was taken over.
+            StateStoreError: the database failed.
+        """
+        i = schema.transform_intents
+        values = {"run": run, "batch_ids": json.dumps(batch_ids), "started_at": utc_now()}
+        with self.store.fenced_transaction("transform intent", lease, TRANSFORM_LEASE_TTL) as conn:
+            conn.execute(delete(i).where(i.c.stream == stream))
+            conn.execute(insert(i).values(stream=stream, **values))
+
+    def tables(self, stream: str, run: int | None = None) -> list[CuratedTable]:
+        """Each collection table of the stream as of committed run `run` (default: the newest):
+        the newest record of each at or before it, ordered by database, collection and kind.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        c = schema.curated_tables
+        query = select(c).where(c.c.stream == stream)
+        if run is not None:
+            query = query.where(c.c.run <= run)
+        with self.store.transaction("curated tables") as conn:
+            rows = [CuratedTable(**dict(row._mapping)) for row in conn.execute(query)]
+        newest: dict[tuple[str, str, str], CuratedTable] = {}
+        for table in sorted(rows, key=lambda t: t.run):
+            newest[(table.db, table.coll, table.kind)] = table
+        return [newest[key] for key in sorted(newest)]
+
     def _read(self, what: str, query: Select[Any]) -> list[CurrentVersion]:
         with self.store.transaction(what) as conn:
             return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
@@ -137,6 +170,7 @@ class TransformState:
         expected_latest: int | None,
         version: CurrentVersion | None,
         batch_ids: list[str],
+        tables: list[CuratedTable] | None = None,
     ) -> None:
         """Commit a transform run in one transaction.
 
@@ -146,8 +180,10 @@ class TransformState:
 
         1. Fence: the transform lease is still this run's (and is extended).
         2. Compare-and-set: the newest run is still `expected_latest` (None: no run yet).
-        3. Record the run (`version`; None for a run that only marked batches).
-        4. Mark `batch_ids` as folded (by `version`, or by no version: all duplicates).
+        3. Record the run (`version`; None for a run that only marked batches) and the Delta
+           version of each collection table it changed (`tables`).
+        4. Mark `batch_ids` as folded (by `version`, or by no version: all duplicates), and
+           clear the stream's intent: the run is done.
 
         Raises:
             LeaseLost: the transform lease was taken over.
@@ -167,6 +203,10 @@ class TransformState:
                 )
             if version is not None:
                 conn.execute(insert(v).values(**{k: getattr(version, k) for k in _VERSION_COLUMNS}))
+            if tables:
+                conn.execute(insert(schema.curated_tables), [vars(t) for t in tables])
+            i = schema.transform_intents
+            conn.execute(delete(i).where(i.c.stream == stream))
             if batch_ids:
                 now = utc_now()
                 conn.execute(
@@ -220,15 +260,6 @@ def _runs(stream: str, with_version: bool = False, include_pruned: bool = True) 
     if not include_pruned:
         query = query.where(_V.c.pruned_at.is_(None))
     return query
-
-
-def parts_of(runs: list[CurrentVersion], version: CurrentVersion) -> list[CurrentVersion]:
-    """Of a stream's committed `runs` (oldest first), those whose directories make `version`:
-    the base it names, then every run with a directory after it up to `version` itself."""
-    if version.path is None or version.base_version is None:
-        return []
-    base = version.base_version
-    return [r for r in runs if r.path is not None and base <= r.version <= version.version]
 
 
 def _newest(query: Select[Any]) -> Select[Any]:

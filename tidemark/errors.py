@@ -125,3 +125,18 @@ class SparkOutOfMemory(TidemarkError):
 
 class SparkQueryFailed(TidemarkError):
     """A Spark query failed on the JVM side for a reason Tidemark has no better name for."""
+
+
+# -- Delta Lake tables (issue 24) ------------------------------------------------------------
+
+
+class LegacyCuratedZone(TidemarkError):
+    """The stream's curated tables are in the format older releases wrote (base + deltas)."""
+
+
+class CurrentTableBehind(TidemarkError):
+    """Runs with `current_table: false` left the `current` tables without their events."""
+
+
+class CuratedTableMissing(TidemarkError):
+    """A curated table (or a version of it) asked for is not there."""

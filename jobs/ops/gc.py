@@ -1,5 +1,5 @@
 """`tidemark gc`: remove raw files that no committed batch lists (orphans of crashed runs), and
-curated directories that no committed transform run names or no kept version needs.
+VACUUM the curated Delta tables.
 
 A stream is swept only while gc holds every lease its raw zone is written under (the drain's,
 which snapshots share, and the replay's), so no writer of it is running: a live writer's files
@@ -8,29 +8,26 @@ process is gone) can no longer commit, since its commit is fenced by the lease's
 stream with a lease held is skipped and swept next time. `min_age_seconds` only spares files
 that a writer on a host with a skewed clock might still be renaming into place.
 
-The curated zone is swept under the stream's transform lease as well, so no transform or
-compaction is writing: a directory of `current` or of the change log is removed when no
-committed run names it (an attempt that died before its commit), or when it only serves
-versions pruned more than `min_age_seconds` ago (a reader that resolved one just before its
-prune has had that long to finish).
+The curated tables are vacuumed under the stream's transform lease as well, so no transform or
+compaction is writing, with a retention that outlives every kept version
+(`jobs.transform.vacuum`). That needs Spark: without a session (`spark` None) gc sweeps the
+raw zone only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from jobs.capture.capture_pass import writer_leases
-from jobs.catalog import MANIFEST_TEMP_PREFIX
-from jobs.curated_zone import changes_dir, current_root
-from jobs.lake import SweepResult, sweep, sweep_orphans
+from jobs.lake import SweepResult, sweep_orphans
 from jobs.raw_zone import RAW
+from jobs.transform.vacuum import vacuum
 from state import Lease, StateStore, TransformState
 from state.leases import CAPTURE_LEASE_TTL, TRANSFORM_LEASE_TTL
-from state.transform_runs import parts_of
 from tidemark.errors import LeaseHeld, StateStoreError
 
 
@@ -39,7 +36,7 @@ class StreamSweep:
     stream: str
     result: SweepResult | None  # None: skipped, a writer holds one of its leases
     note: str = ""
-    curated: SweepResult | None = None  # directories of `current` and the change log
+    curated: list[str] | None = None  # files VACUUM deleted (None: not vacuumed)
 
 
 def lake_streams(lake_root: Path) -> list[str]:
@@ -48,8 +45,13 @@ def lake_streams(lake_root: Path) -> list[str]:
 
 
 def collect_garbage(
-    lake_root: Path, store: StateStore, min_age_seconds: float = 60.0
+    lake_root: Path,
+    store: StateStore,
+    min_age_seconds: float = 60.0,
+    spark: Callable[[], Any] | None = None,
 ) -> list[StreamSweep]:
+    """Sweep every stream of the lake; `spark` makes the session VACUUM runs in (asked for
+    only when a stream has curated tables)."""
     sweeps = []
     for stream in lake_streams(lake_root):
         held: list[Lease] = []
@@ -64,51 +66,13 @@ def collect_garbage(
         try:
             committed = store.committed_paths(stream)
             raw = sweep_orphans(lake_root, stream, committed, min_age_seconds)
-            curated = sweep_curated(lake_root, store, stream, min_age_seconds)
+            curated = None
+            if spark is not None and TransformState(store).tables(stream):
+                curated = vacuum(spark(), store, lake_root, stream, min_age_seconds)
             sweeps.append(StreamSweep(stream, raw, curated=curated))
         finally:
             _release(store, held)
     return sweeps
-
-
-def needed_directories(store: StateStore, stream: str, min_age_seconds: float) -> set[str]:
-    """The curated directories (lake-relative) readers may still need: every directory of each
-    kept version and of versions pruned less than `min_age_seconds` ago, and the change log's."""
-    runs = TransformState(store).runs(stream)
-    now = datetime.now(UTC)
-    needed = {r.changes_path for r in runs if r.changes_path}
-    for run in runs:
-        if run.path is None:
-            continue
-        recent = run.pruned_at is None or (now - run.pruned_at).total_seconds() < min_age_seconds
-        if recent:
-            needed.update(p.path for p in parts_of(runs, run) if p.path)
-    return needed
-
-
-def sweep_curated(
-    lake_root: Path, store: StateStore, stream: str, min_age_seconds: float
-) -> SweepResult:
-    """Remove the stream's curated directories that `needed_directories` does not list (the
-    caller holds the transform lease)."""
-    needed = needed_directories(store, stream, min_age_seconds)
-    roots = [current_root(lake_root, stream), changes_dir(lake_root, stream)]
-    # Its directories, and any manifest a crash left half-written (never the manifest itself).
-    candidates = [
-        p
-        for r in roots
-        if r.exists()
-        for p in sorted(r.iterdir())
-        if p.is_dir() or p.name.startswith(MANIFEST_TEMP_PREFIX)
-    ]
-    return sweep(lake_root, candidates, needed, min_age_seconds, _remove)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _release(store: StateStore, leases: list[Lease]) -> None:

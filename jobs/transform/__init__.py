@@ -1,10 +1,9 @@
-"""Transform: committed raw batches -> the curated tables `changes` and `current`, with Spark.
+"""Transform: committed raw batches -> each collection's Delta tables `changes` and `current`.
 
-`transform` runs one stream's transform (`run`): the change log (`change_log`), then a version
-of `current` (`versions`), a delta or a base, merged by readers by the rule in `merge`;
-`compact` rewrites a version's base and deltas as one base. `read_current` and `read_changes`
-read the curated tables (`tables`). The fold's rule lives in `fold`, document columns in
-`doc_columns`.
+`transform` runs one stream's transform (`run`): the change log (`change_log`), then the fold
+into `current` (`apply`, by the rules in `fold`), every Delta commit made once (`delta_io`);
+`compact` is Delta's OPTIMIZE and purge. `read_current` and `read_changes` read the tables
+(`readers`); document columns are typed in `doc_columns`.
 """
 
 from jobs.transform.compact import (

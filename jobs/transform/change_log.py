@@ -1,10 +1,12 @@
-"""The change log: a run's new events, from the committed raw batches to `changes`.
+"""The change log: a run's new events, from the committed raw batches to each collection's
+`changes` Delta table.
 
 A run reads its batches' raw files, drops the events the change log already holds (a replayed
-or re-delivered batch adds nothing), and writes the rest to a directory of its own,
-partitioned by date. Only the committed runs whose event-id range overlaps the new events'
-are read for that check, and only the row groups inside the range (Parquet statistics), so
-its cost follows the run's events, not the log's length.
+or re-delivered batch adds nothing), and appends the rest to the `changes` table of their
+collection, partitioned by date. Only when a committed run's event-id range overlaps the new
+events' are the tables read for that check, and then only the files inside the range (Delta's
+file statistics), so its cost follows the run's events, not the log's length. Rows of this
+run's own batches are not "already held": a repeat of a killed run must fold them again.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from jobs.curated_zone import run_changes_dir
-from jobs.lake import relative
+from jobs.curated_zone import PLAIN_JSON, changes_dir
 from jobs.raw_zone import DOCUMENT_FIELDS, RAW_SCHEMA
-from jobs.transform.doc_columns import PLAIN_JSON, documents_udf
+from jobs.transform.delta_io import CHANGES_PROPERTIES, RunWriter
+from jobs.transform.doc_columns import documents_udf
 from jobs.transform.fold import ID_ONLY
-from jobs.transform.readers import change_log
 from state import BatchRecord, TransformState
 
 CHANGES_COLUMNS = [
@@ -30,9 +31,9 @@ CHANGES_COLUMNS = [
     "full_document_before_change", "update_description", "updated_fields", "removed_fields",
     "operation_description", "batch_id", "source", "date",
 ]  # fmt: skip
-# Beside them in a run's files, not a column of the `changes` table (`read_changes` drops it):
-# the full document's plain JSON, rendered in the same Python pass as the canonical documents,
-# so `current` parses its typed columns from it and runs no Python over a document again.
+# Beside them while a run folds, not a column of the `changes` table: the full document's plain
+# JSON, rendered in the same Python pass as the canonical documents, so `current` parses its
+# typed columns from it and runs no Python over a document again.
 LOGGED_JSON = PLAIN_JSON
 
 
@@ -41,10 +42,10 @@ _RAW_COLUMNS = from_arrow_schema(RAW_SCHEMA)
 
 @dataclass(frozen=True)
 class NewEvents:
-    """What a run added to the change log: its rows (read back from its directory)."""
+    """What a run added to the change log: its rows, held by Spark with their plain JSON."""
 
     frame: DataFrame
-    path: str  # lake-relative
+    namespaces: list[tuple[str | None, str | None]]  # (db, coll); None: a database's, a stream's
     count: int
     first_event_id: str
     last_event_id: str
@@ -138,31 +139,22 @@ def _census(raw: DataFrame, seen: DataFrame | None) -> _Census:
 
 
 def log_new_events(
-    spark: SparkSession,
+    writer: RunWriter,
     tstate: TransformState,
-    lake_root: Path,
-    stream: str,
     batches: list[BatchRecord],
-    run: tuple[int, str],
 ) -> NewEvents | None:
-    """Write the batches' events that the change log lacks to this run's directory; None when
-    there are none (then nothing is written). Spark jobs: the event-id range of the batches
-    when the manifest lacks it, the census of event ids (`_census`), the write."""
+    """Append the batches' events that the change log lacks to their collections' `changes`
+    tables; None when there are none (then nothing is written). Spark jobs: the event-id
+    range of the batches when the manifest lacks it, the census of event ids (`_census`), the
+    rows held once, their namespaces, one append per collection."""
     if not batches:
         return None
+    spark, lake_root, stream = writer.spark, writer.lake_root, writer.stream
     raw = _raw_events(spark, lake_root, stream, batches)
     low, high = _event_id_range(raw, batches)
     if low is None or high is None:
         return None
-    overlapping = tstate.change_log_runs(stream, low, high)
-    paths = [r.changes_path for r in overlapping if r.changes_path]
-    seen = None
-    if paths:
-        seen = (
-            change_log(spark, lake_root, paths)
-            .where(F.col("event_id").between(low, high))
-            .select("event_id")
-        )
+    seen = _logged(writer, tstate, batches, low, high)
     census = _census(raw, seen)
     if not census.count:
         return None
@@ -171,16 +163,43 @@ def log_new_events(
         raw = raw.dropDuplicates(["event_id"])
         if seen is not None:
             raw = raw.join(seen, "event_id", "left_anti")
-    events = change_log_rows(raw)
-    target = run_changes_dir(lake_root, stream, *run)
-    events.write.partitionBy("date").parquet(str(target))
-    written = spark.read.schema(events.schema).parquet(str(target))
+    # Held once: each collection's append, and the fold after them, read these rows.
+    events = change_log_rows(raw).localCheckpoint()
+    found = events.select("db", "coll").distinct().collect()
+    namespaces = sorted(((r.db, r.coll) for r in found), key=lambda n: (n[0] or "", n[1] or ""))
+    for db, coll in namespaces:
+        rows = events.where(
+            F.col("db").eqNullSafe(F.lit(db)) & F.col("coll").eqNullSafe(F.lit(coll))
+        ).drop(LOGGED_JSON)
+        path = changes_dir(lake_root, stream, db, coll)
+        writer.create(rows, path, CHANGES_PROPERTIES, writer.slot(), partition_by=["date"])
     assert census.first is not None and census.last is not None
-    return NewEvents(
-        written,
-        relative(lake_root, target),
-        census.count,
-        census.first,
-        census.last,
-        census.other_keys,
-    )
+    return NewEvents(events, namespaces, census.count, census.first, census.last, census.other_keys)
+
+
+def _logged(
+    writer: RunWriter,
+    tstate: TransformState,
+    batches: list[BatchRecord],
+    low: str,
+    high: str,
+) -> DataFrame | None:
+    """The ids in [low, high] that committed runs logged (None: no committed run's range
+    overlaps it, so none can be)."""
+    if not tstate.change_log_runs(writer.stream, low, high):
+        return None
+    tables = [t for t in tstate.tables(writer.stream) if t.kind == "changes"]
+    if not tables:
+        return None
+    ours = [b.id for b in batches]
+    frames = [
+        writer.spark.read.format("delta")
+        .load(str(writer.lake_root / t.path))
+        .where(F.col("event_id").between(low, high) & ~F.col("batch_id").isin(ours))
+        .select("event_id")
+        for t in tables
+    ]
+    seen = frames[0]
+    for frame in frames[1:]:
+        seen = seen.unionByName(frame)
+    return seen

@@ -1,41 +1,41 @@
-"""Compaction: a version's base and deltas rewritten as one new base.
+"""Compaction: Delta OPTIMIZE of each `current` table, then its deletion vectors purged.
 
-Deltas make a run's cost follow its changes, and make reads pay for every delta since the
-base. Compaction settles that debt off the run's critical path (its own Dagster job, started
-when `needs_compaction` says the deltas have grown): it reads the newest version by the merge
-rule, tombstones and barriers included (they keep late older events from coming back, so
-they are never dropped), and writes them as a base. It commits like a transform run, under
-the same lease, as a new version with the same rows: readers of the previous version are
-undisturbed, and a crash before the commit leaves it current.
+A run's MERGE marks the rows it replaces in deletion vectors and adds small files, so its
+cost follows its changes; reads pay for every small file and every deletion vector since.
+Compaction settles that off the run's critical path (its own Dagster job, started when
+`needs_compaction` counts enough merges since the last one): OPTIMIZE bin-packs the small
+files, and `REORG TABLE ... APPLY (PURGE)` rewrites the files that carry deletion vectors.
+Neither changes a row, so readers of any version are undisturbed, and a crash midway leaves
+the tables as they were or merely better packed. It commits like a transform run, under the
+same lease, recording each table's new Delta version.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-
-from jobs.catalog import publish
-from jobs.curated_zone import current_root, version_dir_name
+from jobs.curated_zone import curated
 from jobs.lake import relative
-from jobs.transform.doc_columns import schema_from_json
-from jobs.transform.merge import DELETED, merge, read_parts, row_counts
-from state import CurrentVersion, StateStore, TransformState, new_batch_id
+from jobs.transform.delta_io import table_ref, table_version
+from state import CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
+
+COMPACTION = "optimize"  # the run kind a compaction records
 
 
 @dataclass(frozen=True)
 class DeltaDebt:
-    """How far the newest version is from one base."""
+    """How many runs merged into `current` since the last compaction."""
 
-    version: int | None
-    deltas: int
-    delta_rows: int
-    base_rows: int
+    version: int | None  # the newest run
+    deltas: int  # merge runs since the last compaction
+    delta_rows: int  # rows those runs changed (events folded)
+    base_rows: int  # live rows now
 
     def due(self, ratio: float, max_deltas: int) -> bool:
         if self.deltas == 0:
@@ -46,27 +46,23 @@ class DeltaDebt:
 @dataclass(frozen=True)
 class CompactionResult:
     stream: str
-    version: int | None  # the new version (same rows, one base); None: nothing to compact
-    deltas: int  # how many deltas it folded into the base
-    rows_written: int
+    version: int | None  # the run it recorded; None: nothing to compact
+    deltas: int  # merge runs it settled
+    rows_written: int  # rows in the files it rewrote (0 when nothing needed it)
     rows: int
     duration_s: float
 
 
 def delta_debt(store: StateStore, stream: str) -> DeltaDebt:
-    """The newest version's deltas since its base (SQL only: no Spark)."""
-    tstate = TransformState(store)
-    newest = tstate.latest_version(stream)
-    if newest is None:
+    """The merges since the last compaction (SQL only: no Spark)."""
+    runs = [r for r in TransformState(store).runs(stream) if r.path is not None]
+    if not runs:
         return DeltaDebt(None, 0, 0, 0)
-    parts = tstate.version_parts(stream, newest.version)
-    deltas = [p for p in parts if not p.is_base]
-    base = [p for p in parts if p.is_base]
+    since = [r for r in runs if r.kind != COMPACTION]
+    last = max((r.version for r in runs if r.kind == COMPACTION), default=0)
+    since = [r for r in since if r.version > last]
     return DeltaDebt(
-        newest.version,
-        len(deltas),
-        sum(p.written_rows or 0 for p in deltas),
-        sum(p.written_rows or 0 for p in base),
+        runs[-1].version, len(since), sum(r.events_folded for r in since), runs[-1].rows
     )
 
 
@@ -76,52 +72,59 @@ def needs_compaction(store: StateStore, stream: StreamConfig) -> bool:
 
 
 def compact(
-    spark: SparkSession,
+    spark,
     store: StateStore,
     lake_root: Path,
     stream: StreamConfig,
     *,
     before_commit: Callable[[], None] | None = None,
 ) -> CompactionResult:
-    """Rewrite the newest version of `current` as one base, as a new version."""
-    started = datetime.now(UTC)
+    """OPTIMIZE and purge every `current` table of the stream, as a new run."""
+    clock = time.monotonic()
     tstate = TransformState(store)
     lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
     try:
         latest = tstate.latest(stream.name)
-        newest = tstate.latest_version(stream.name)
-        if latest is None or newest is None or latest.version != newest.version:
-            return CompactionResult(stream.name, None, 0, 0, 0, 0.0)  # no version to compact
-        parts = tstate.version_parts(stream.name, newest.version)
-        if len(parts) < 2:
-            return CompactionResult(stream.name, None, 0, 0, newest.rows, 0.0)
-        number, run_id = newest.version + 1, new_batch_id()
-        schema = schema_from_json(newest.doc_schema)
-        rows = merge(read_parts(spark, lake_root, parts, schema))
-        target = current_root(lake_root, stream.name) / version_dir_name(number, run_id)
-        rows.write.parquet(str(target))
-        # The one column the counts need, by name: no job to read a footer for the schema.
-        written, live = row_counts(spark.read.schema(f"{DELETED} boolean").parquet(str(target)))
+        tables = [t for t in tstate.tables(stream.name) if t.kind == "current"]
+        debt = delta_debt(store, stream.name)
+        # A killed transform's intent owns the next run number: it is repeated first.
+        if latest is None or not tables or tstate.intent(stream.name) is not None:
+            return CompactionResult(stream.name, None, 0, 0, 0, 0.0)
+        number = latest.version + 1
+        rewritten, records = 0, []
+        for table in tables:
+            path = lake_root / table.path
+            for statement in ("OPTIMIZE {t}", "REORG TABLE {t} APPLY (PURGE)"):
+                for row in spark.sql(statement.format(t=table_ref(path))).collect():
+                    metrics = row.asDict().get("metrics")
+                    if metrics is not None:
+                        rewritten += int(metrics["numFilesAdded"] or 0)
+            store.renew_lease(lease, TRANSFORM_LEASE_TTL)
+            records.append(
+                CuratedTable(
+                    stream.name, number, table.db, table.coll, "current", table.path,
+                    table_version(path), table.rows, table.doc_schema,
+                )
+            )  # fmt: skip
+        rows = sum(t.rows for t in records)
         record = CurrentVersion(
             stream=stream.name,
             version=number,
-            path=relative(lake_root, target),
-            kind="compaction",
-            base_version=number,
-            written_rows=written,
-            rows=live,
-            doc_schema=newest.doc_schema,
+            path=relative(lake_root, curated(lake_root, stream.name)),
+            rows=rows,
+            doc_schema="",
             events_folded=0,
             changes_added=0,
             created_at=datetime.now(UTC),
+            kind=COMPACTION,
+            base_version=number,
         )
-        store.renew_lease(lease, TRANSFORM_LEASE_TTL)
         if before_commit is not None:
             before_commit()
-        tstate.commit(lease, stream.name, newest.version, record, [])
+        tstate.commit(lease, stream.name, latest.version, record, [], records)
         tstate.prune_beyond(stream.name, stream.keep_versions)
-        publish(store, lake_root, stream.name)  # the new base, for other engines
-        seconds = (datetime.now(UTC) - started).total_seconds()
-        return CompactionResult(stream.name, number, len(parts) - 1, written, live, seconds)
+        return CompactionResult(
+            stream.name, number, debt.deltas, rewritten, rows, time.monotonic() - clock
+        )
     finally:
         store.release_lease(lease)

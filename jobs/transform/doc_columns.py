@@ -31,9 +31,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from jobs.curated_zone import PLAIN_JSON
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
-from jobs.transform.fold import PLAIN_JSON, STATE_COLUMNS
 
 JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
 # A field null in every new row says nothing of its type (Spark would call it a string and
@@ -145,13 +145,29 @@ def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
     return {"added": added, "widened": widened}
 
 
-def expand(state: DataFrame, schema: StructType) -> DataFrame:
-    """STATE_COLUMNS plus one column per top-level document field."""
-    fields = [f for f in schema.fields if not f.name.startswith("_tm_")]
+def field_columns(schema: StructType) -> StructType:
+    """The document fields that become columns: not Tidemark's own names (`_tm_*`), and of
+    names that differ only in case (which Delta and most engines hold one column for), the
+    first; the others stay in `_tm_document`."""
+    taken: set[str] = set()
+    kept = []
+    for f in schema.fields:
+        folded = f.name.lower()
+        if folded.startswith("_tm_") or folded in taken:
+            continue
+        taken.add(folded)
+        kept.append(f)
+    return StructType(kept)
+
+
+def expand(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:
+    """The `keep` columns of `rows`, then one typed column per top-level document field of
+    `schema` (`field_columns`), parsed from the rows' plain JSON."""
+    fields = field_columns(schema).fields
     if not fields:
-        return state.select(*STATE_COLUMNS)
-    parsed = F.from_json(F.col("_tm_json"), StructType(fields), JSON_OPTIONS)
-    return state.select(*STATE_COLUMNS, *(parsed.getField(f.name).alias(f.name) for f in fields))
+        return rows.select(*keep)
+    parsed = F.from_json(F.col(PLAIN_JSON), StructType(fields), JSON_OPTIONS)
+    return rows.select(*keep, *(parsed.getField(f.name).alias(f.name) for f in fields))
 
 
 def schema_from_json(text: str | None) -> StructType:

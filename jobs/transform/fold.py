@@ -1,28 +1,24 @@
-"""The fold: previous current-state rows + new change events, in event order -> new rows.
+"""The fold's rules: which change events set or remove a document, and which one wins.
 
 Event order is the resume token's `_data` (event id), whose server encoding starts with the
 cluster time and keeps the order of events inside a transaction. Per key (namespace +
 canonical `{_id}` key) the newest event wins: insert / replace / update with a post-image
-upsert it, delete turns it into a tombstone; an update whose post-image is null (the document
-was gone when the server looked it up, and its delete follows) changes nothing.
+upsert it, delete removes it; an update whose post-image is null (the document was gone when
+the server looked it up, and its delete follows) changes nothing.
 
-The state remembers what it removed, so an older event folded late (a replay window before
-the stream's start or before a snapshot, a replay transformed while the incremental drain
-lags) never brings a document back:
-- a delete leaves a tombstone row (`_tm_deleted`, the delete's event id, no document);
-- drop, dropDatabase, rename and a snapshot's start act on whole namespaces: they remove the
-  rows before them in their scope and leave one barrier row per scope (`_tm_key` null,
-  `_tm_coll` null for a database, `_tm_db` null for the whole cluster) with their event id.
-  A keyed event older than a barrier of its namespace is ignored.
-Readers never see tombstones or barriers (`jobs.transform.read_current` filters them). Both are
-rows keyed like the documents, so a later merge-by-key fold keeps working the same way.
+What was removed is remembered, so an older event folded late (a replay window before the
+stream's start or before a snapshot, a replay transformed while the incremental drain lags)
+never brings a document back: a delete leaves a tombstone, and drop, dropDatabase, rename and
+a snapshot's start leave a barrier for their namespace (`jobs.transform.apply` keeps both in
+the stream's `removed` table). A keyed event older than a barrier of its namespace, or than
+its key's tombstone, is ignored.
 
-A rename moves the source's rows to the target when the target is one the stream watches
-(a database or cluster stream renaming inside its scope); a rename out of the watched scope
-(a collection stream's collection renamed away, a database stream's collection moved to
-another database) removes them, as a drop does: the stream no longer sees their changes.
-An event of the source older than the rename that arrives after it is ignored (the source's
-barrier), not moved: only what the fold knew at the rename moves.
+A rename moves the source's rows to the target when the target is one the stream watches (a
+database or cluster stream renaming inside its scope); a rename out of the watched scope (a
+collection stream's collection renamed away, a database stream's collection moved to another
+database) removes them, as a drop does: the stream no longer sees their changes. An event of
+the source older than the rename that arrives after it is ignored (the source's barrier), not
+moved: only what the fold knew at the rename moves.
 
 Snapshot rows are upserts whose event ids sort at the snapshot's time. Events are folded in
 segments between namespace events, each segment applied to what came before.
@@ -31,14 +27,13 @@ segments between namespace events, each segment applied to what came before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import bson
 import bsonjs
 import pyarrow as pa
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import StringType
@@ -50,20 +45,16 @@ KEY = ["_tm_db", "_tm_coll", "_tm_key"]
 KEY_OPERATIONS = ["insert", "update", "replace", "delete", SNAPSHOT]
 # snapshot_start opens a (re-)snapshot: its scope is replaced by the snapshot's rows.
 NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", SNAPSHOT_START]
-STATE_COLUMNS = [
+KEYED_COLUMNS = [  # keyed_events' rows
     "_tm_db",
     "_tm_coll",
-    "_tm_key",  # null on a barrier row
-    "_tm_document",
+    "_tm_key",
+    "_tm_document",  # null on a delete
     "_tm_event_id",
     "_tm_cluster_time",
-    "_tm_json",  # on rows this fold set: the change log's, or null (the caller derives it)
-    "_tm_deleted",  # tombstones and barriers: never shown to readers
+    PLAIN_JSON,  # the change log's plain JSON of the document (null on a delete)
+    "_tm_deleted",
 ]
-STATE_DDL = (
-    "_tm_db string, _tm_coll string, _tm_key string, _tm_document string, "
-    "_tm_event_id string, _tm_cluster_time timestamp, _tm_json string, _tm_deleted boolean"
-)
 
 # Values decoded only to be encoded again: sub-documents stay raw, dates of any range survive.
 _KEY_CODEC = CodecOptions(
@@ -157,48 +148,9 @@ def keyed_events(events: DataFrame, facts: EventFacts | None = None) -> DataFram
     )
 
 
-def event_keys(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
-    """KEY of the events' documents: those of `keyed_events(events)` and perhaps a few more,
-    for a semi-join. Only the narrow columns are read, not the documents."""
-    facts = facts or EventFacts()
-    rows = events.where(F.col("document_key").isNotNull()).select("db", "coll", "document_key")
-    return with_canonical_key(rows, facts.other_keys).select(
-        F.col("db").alias("_tm_db"), F.col("coll").alias("_tm_coll"), "_tm_key"
-    )
-
-
-@dataclass(frozen=True)
-class KeyCensus:
-    """The keyed rows of a run's events, counted per key (`key_census`)."""
-
-    repeats: bool  # a document key occurs twice
-    rows: int  # keyed rows: documents and tombstones
-    live: int  # of them, documents
-
-
-def key_census(events: DataFrame, facts: EventFacts | None = None) -> KeyCensus:
-    """One Spark job over the events' key columns. A first load of inserts or a snapshot has
-    no key twice: its rows need no shuffle to find each key's newest event, and its counts
-    are these."""
-    rows = keyed_events(events, facts).select(*KEY, "_tm_deleted")
-    per_key = rows.groupBy(*KEY).agg(
-        F.count(F.lit(1)).alias("n"), F.count(F.when(~F.col("_tm_deleted"), 1)).alias("live")
-    )
-    most, total, live = per_key.agg(F.max("n"), F.sum("n"), F.sum("live")).first() or (0, 0, 0)
-    return KeyCensus(bool(most and most > 1), int(total or 0), int(live or 0))
-
-
-def barriers_of(state: DataFrame) -> DataFrame:
-    """The state's barrier rows: (db, coll, event id) below which a namespace is cleared."""
-    return state.where(F.col("_tm_key").isNull()).select(
-        F.col("_tm_db").alias("_b_db"),
-        F.col("_tm_coll").alias("_b_coll"),
-        F.col("_tm_event_id").alias("_b_event_id"),
-    )
-
-
 def not_cleared(keyed: DataFrame, barriers: DataFrame) -> DataFrame:
-    """Keyed events not older than a barrier of their namespace (a late event stays gone)."""
+    """Keyed events not older than a barrier of their namespace (a late event stays gone);
+    `barriers` has `_b_db`, `_b_coll` (null: every collection or database) and `_b_event_id`."""
     covers = (
         (F.col("_b_db").isNull() | (F.col("_b_db") == F.col("_tm_db")))
         & (F.col("_b_coll").isNull() | (F.col("_b_coll") == F.col("_tm_coll")))
@@ -212,102 +164,3 @@ def newest_per_key(events: DataFrame) -> DataFrame:
     newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
     ranked = events.withColumn("_tm_rank", F.row_number().over(newest_first))
     return ranked.where(F.col("_tm_rank") == 1).drop("_tm_rank")
-
-
-def apply_segment(state: DataFrame, events: DataFrame) -> DataFrame:
-    """The newest event per key, applied where it is newer than the row's (tombstones too)."""
-    latest = newest_per_key(events)
-    held = state.where(F.col("_tm_key").isNotNull()).select(
-        *KEY, F.col("_tm_event_id").alias("_held_event_id")
-    )
-    newer = latest.join(held, KEY, "left").where(
-        F.col("_held_event_id").isNull() | (F.col("_tm_event_id") > F.col("_held_event_id"))
-    )
-    kept = state.join(newer.select(*KEY), KEY, "left_anti")  # barrier rows (null key) stay
-    return kept.unionByName(newer.select(*STATE_COLUMNS))
-
-
-def _barrier_row(spark: Any, db: str | None, coll: str | None, event: Any) -> DataFrame:
-    return spark.createDataFrame(
-        [(db, coll, None, None, event.event_id, event.cluster_time, None, True)], STATE_DDL
-    )
-
-
-def _in(db: str | None, coll: str | None) -> Column:
-    """Rows of a scope: a collection, a database (coll None), everything (db None)."""
-    if db is None:
-        return F.lit(True)
-    in_db = F.col("_tm_db").eqNullSafe(F.lit(db))
-    return in_db if coll is None else in_db & F.col("_tm_coll").eqNullSafe(F.lit(coll))
-
-
-def _clear(state: DataFrame, db: str | None, coll: str | None, event: Any) -> DataFrame:
-    """Remove the scope's rows before `event` and leave its barrier."""
-    before = F.col("_tm_event_id") < F.lit(event.event_id)
-    cleared = state.where(~(_in(db, coll) & before))
-    return cleared.unionByName(_barrier_row(state.sparkSession, db, coll, event))
-
-
-def apply_namespace_event(state: DataFrame, event: Any, watched: Watched) -> DataFrame:
-    if event.operation_type == SNAPSHOT_START:
-        return _clear(state, event.db, event.coll, event)
-    if event.operation_type == "dropDatabase":
-        return _clear(state, event.db, None, event)
-    if event.operation_type == "drop":
-        return _clear(state, event.db, event.coll, event)
-    # rename: the source's live rows before it move to the target if the stream watches the
-    # target; the target's old rows go (dropTarget).
-    before = F.col("_tm_event_id") < F.lit(event.event_id)
-    source = _in(event.db, event.coll) & before
-    moving = (
-        state.where(source & ~F.col("_tm_deleted"))
-        .withColumn("_tm_db", F.lit(event.to_db))
-        .withColumn("_tm_coll", F.lit(event.to_coll))
-    )
-    state = _clear(state, event.db, event.coll, event)
-    if not watched.contains(event.to_db, event.to_coll):
-        return state  # out of scope: gone, as with a drop
-    # What the target holds since the rename is newer than what moves: newest per key wins.
-    return apply_segment(_clear(state, event.to_db, event.to_coll, event), moving)
-
-
-def fold(
-    previous: DataFrame | None,
-    events: DataFrame,
-    watched: Watched | None = None,
-    facts: EventFacts | None = None,
-) -> DataFrame:
-    """The new state rows (STATE_COLUMNS): `previous` (None: nothing yet) with `events` folded
-    in, in event order; `facts` spare the work of looking for what cannot be there."""
-    watched, facts = watched or Watched(), facts or EventFacts()
-    barriers = []
-    if facts.namespace_events:
-        found = (
-            events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
-            .select("event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time")
-            .collect()
-        )
-        barriers = sorted(found, key=lambda event: event.event_id)
-    if previous is None and not barriers:
-        # Nothing to fold onto and nothing to clear: the newest event of each key is its row,
-        # and with each key once, the event itself.
-        keyed = keyed_events(events, facts)
-        return (keyed if facts.unique_keys else newest_per_key(keyed)).select(*STATE_COLUMNS)
-    if previous is None:
-        previous = events.sparkSession.createDataFrame([], STATE_DDL)
-    state = previous.select(*STATE_COLUMNS)
-    keyed = not_cleared(keyed_events(events, facts), barriers_of(state))
-    lower: str | None = None
-    for barrier in [*barriers, None]:
-        segment = keyed
-        if lower is not None:
-            segment = segment.where(F.col("_tm_event_id") > F.lit(lower))
-        if barrier is not None:
-            segment = segment.where(F.col("_tm_event_id") < F.lit(barrier.event_id))
-        state = apply_segment(state, segment)
-        if barrier is not None:
-            state = apply_namespace_event(state, barrier, watched)
-            # Cut the lineage: each segment would otherwise re-plan every one before it.
-            state = state.localCheckpoint()
-            lower = barrier.event_id
-    return state

@@ -1,7 +1,11 @@
-"""Readers of the curated tables: the change log and any kept version of `current`.
+"""Tidemark's own readers of the curated tables: a stream's `changes` and `current`, every
+collection's together or one collection's, at the newest committed run or an older one.
 
-Both resolve what to read through the state store (the catalog), so a directory that no
-committed run names is never read.
+Any engine can read one collection's table by pointing at its Delta path; these readers add
+what spans tables: the state store says which tables a stream has and which Delta version each
+had when a run committed (`version=N` is time travel to run N), so a commit a killed run left
+beyond the store's record is never read. Several collections read as one frame carry
+`_tm_db` and `_tm_coll`; a field typed differently in two collections reads as a string.
 """
 
 from __future__ import annotations
@@ -9,31 +13,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.transform.doc_columns import PLAIN_JSON, schema_from_json
-from jobs.transform.merge import live, merge, read_parts
-from state import StateStore, TransformState
-from tidemark.errors import TidemarkError
+from pyspark.sql import functions as F
 
-RUN = "run"  # the partition column of the change log's run directories; readers drop it
+from state import CuratedTable, StateStore, TransformState
+from tidemark.errors import CuratedTableMissing
 
 
-def read_changes(spark: Any, store: StateStore, lake_root: Path, stream: str) -> Any:
-    """The change log: one row per event, de-duplicated, partitioned by date (without the
-    plain JSON a run keeps beside the rows for `current`)."""
-    runs = TransformState(store).change_log_runs(stream)
-    if not runs:
-        raise TidemarkError(
-            f"Stream {stream!r} has no change log yet.", "Run the transform after a drain."
+def read_changes(
+    spark: Any,
+    store: StateStore,
+    lake_root: Path,
+    stream: str,
+    db: str | None = None,
+    coll: str | None = None,
+) -> Any:
+    """The change log: one row per event, de-duplicated, partitioned by date."""
+    tables = _chosen(store, stream, "changes", None, db, coll)
+    if not tables:
+        raise CuratedTableMissing(
+            f"Stream {stream!r} has no change log{_where(db, coll)} yet.",
+            "Run the transform after a drain.",
         )
-    frame = change_log(spark, lake_root, [r.changes_path for r in runs if r.changes_path])
-    return frame.drop(PLAIN_JSON)
-
-
-def change_log(spark: Any, lake_root: Path, paths: list[str]) -> Any:
-    """The change-log rows of the given run directories (lake-relative, of one stream)."""
-    base = (lake_root / paths[0]).parent
-    frame = spark.read.option("basePath", str(base)).parquet(*(str(lake_root / p) for p in paths))
-    return frame.drop(RUN)
+    return _union(spark, lake_root, tables, with_namespace=False)
 
 
 def read_current(
@@ -43,28 +44,81 @@ def read_current(
     stream: str,
     version: int | None = None,
     *,
-    with_deleted: bool = False,
+    db: str | None = None,
+    coll: str | None = None,
 ) -> Any:
-    """A committed version of the current-state table (default: the newest); with its
-    tombstones and barriers (`_tm_deleted`) when `with_deleted`."""
+    """The live documents of the stream's collections (or of one), as committed run
+    `version` left them (default: the newest)."""
     tstate = TransformState(store)
-    versions = tstate.versions(stream)
-    if not versions:
-        raise TidemarkError(
-            f"Stream {stream!r} has no current-state version yet.",
+    if version is not None:
+        kept = [v.version for v in tstate.versions(stream)]
+        if version not in kept:
+            raise CuratedTableMissing(
+                f"Version {version} of stream {stream!r}'s current tables is not kept.",
+                f"Kept versions: {', '.join(map(str, kept)) or 'none'} (raise keep_versions "
+                "in the streams config to keep more).",
+            )
+    tables = _chosen(store, stream, "current", version, db, coll)
+    if not tables:
+        raise CuratedTableMissing(
+            f"Stream {stream!r} has no current-state table{_where(db, coll)} yet.",
             "Run the transform after a drain.",
         )
-    if version is None:
-        chosen = versions[-1]
-    else:
-        matches = [v for v in versions if v.version == version]
-        if not matches:
-            kept = ", ".join(str(v.version) for v in versions)
-            raise TidemarkError(
-                f"Version {version} of stream {stream!r}'s current-state table is not kept.",
-                f"Kept versions: {kept} (raise keep_versions in the streams config to keep more).",
+    return _union(spark, lake_root, tables, with_namespace=True)
+
+
+def _where(db: str | None, coll: str | None) -> str:
+    return "" if db is None else f" for {db}.{coll}" if coll is not None else f" for {db}"
+
+
+def _chosen(
+    store: StateStore,
+    stream: str,
+    kind: str,
+    version: int | None,
+    db: str | None,
+    coll: str | None,
+) -> list[CuratedTable]:
+    return [
+        t
+        for t in TransformState(store).tables(stream, version)
+        if t.kind == kind and (db is None or t.db == db) and (coll is None or t.coll == coll)
+    ]
+
+
+def read_table(spark: Any, lake_root: Path, table: CuratedTable) -> Any:
+    """One collection table at the Delta version its run committed."""
+    return (
+        spark.read.format("delta")
+        .option("versionAsOf", table.delta_version)
+        .load(str(lake_root / table.path))
+    )
+
+
+def _union(spark: Any, lake_root: Path, tables: list[CuratedTable], with_namespace: bool) -> Any:
+    frames = []
+    for table in tables:
+        frame = read_table(spark, lake_root, table)
+        if with_namespace:
+            frame = frame.select(
+                F.lit(table.db).alias("_tm_db"),
+                F.lit(table.coll).alias("_tm_coll"),
+                *(F.col(f"`{c.replace('`', '``')}`") for c in frame.columns),
             )
-        chosen = matches[0]
-    parts = tstate.version_parts(stream, chosen.version)
-    merged = merge(read_parts(spark, lake_root, parts, schema_from_json(chosen.doc_schema)))
-    return merged if with_deleted else live(merged)
+        frames.append(frame)
+    if len(frames) == 1:
+        return frames[0]
+    types: dict[str, set[str]] = {}
+    for frame in frames:
+        for f in frame.schema.fields:
+            types.setdefault(f.name, set()).add(f.dataType.simpleString())
+    mixed = {name for name, seen in types.items() if len(seen) > 1}
+    result = None
+    for frame in frames:
+        columns = [
+            F.col(f"`{c.replace('`', '``')}`").cast("string").alias(c) if c in mixed else c
+            for c in frame.columns
+        ]
+        frame = frame.select(*columns) if mixed else frame
+        result = frame if result is None else result.unionByName(frame, allowMissingColumns=True)
+    return result

@@ -1,46 +1,45 @@
-"""One transform run of one stream: committed raw batches -> `changes` and a new `current`.
+"""One transform run of one stream: committed raw batches -> each collection's Delta tables.
 
 The run, under the stream's transform lease (renewed between its phases, so a run longer than
 the lease's time keeps it, and one whose lease was taken over stops at the next phase):
-1. reads the committed batches not yet transformed; with none (and no backfill owed) it stops
-   there, before any Spark work: a quiet stream costs a few SQL queries;
-2. writes their events that the change log lacks to a directory of its own
+1. takes the batches to fold: those a killed run left in its intent (it is repeated as it
+   was), or else the committed batches not yet transformed, written down as this run's intent
+   before any Delta commit. With none it stops there, before any Spark work: a quiet stream
+   costs a few SQL queries;
+2. appends their events that the change log lacks to their collections' `changes` tables
    (`jobs.transform.change_log`);
-3. writes the new version of `current` to a directory of its own: a delta of the keys it
-   changed, or a whole base (`jobs.transform.versions`), or, when `current` has fallen behind
-   the change log because `current_table` was off, a base folded from the whole change log;
-4. commits the run, its directories, the version and the batches it consumed in one fenced
-   SQL transaction;
-5. marks versions beyond `keep_versions` pruned (readers stop resolving them; `tidemark gc`
-   deletes the directories no kept version needs);
-6. replaces the tables' manifests for other engines (`jobs.catalog`), still under the lease;
-   every run first rewrites one a crash after a commit left stale.
-Besides those manifests it does no file operation of its own on the lake (Spark writes, the
-state store is the catalog), so it runs the same against a remote Spark with the lake on
-shared storage. A crash before step 4 leaves the previous version current and is simply run
-again; the dead attempt's directories are never read.
+3. folds them into the collections' `current` tables and the stream's `removed` table
+   (`jobs.transform.apply`);
+4. commits the run, the Delta version of every table it changed and the batches it consumed in
+   one fenced SQL transaction, which also clears the intent.
+Every Delta commit of steps 2-3 carries the run's number and its place in the run
+(`jobs.transform.delta_io`), so a run killed anywhere and repeated neither loses nor
+duplicates: Delta skips what the first attempt committed, and the state store's record agrees
+with each table's version once the repeat commits.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-from jobs.catalog import publish
+from jobs.curated_zone import changes_dir, curated, current_dir
+from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
+from jobs.transform.apply import Fold, Folded, folds_namespace_events
 from jobs.transform.change_log import NewEvents, log_new_events
-from jobs.transform.fold import EventFacts
-from jobs.transform.readers import change_log
-from jobs.transform.versions import VersionPlan, folds_namespace_events, write_base, write_delta
+from jobs.transform.delta_io import RunWriter, is_table, table_version
+from jobs.transform.fold import EventFacts, Watched
 from resources.spark import spark_failures
-from state import BatchRecord, CurrentVersion, StateStore, TransformState, new_batch_id
+from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
+from tidemark.errors import CurrentTableBehind, LegacyCuratedZone
 
 # The session itself, or how to make one: a run with nothing to do never asks for it.
 SparkSource = SparkSession | Callable[[], SparkSession]
@@ -49,24 +48,17 @@ SparkSource = SparkSession | Callable[[], SparkSession]
 @dataclass
 class TransformResult:
     stream: str
-    version: int | None  # the new current-state version, if one was made
+    version: int | None  # the run's number when it changed a `current` table
     batches: int
     events_read: int
     changes_added: int
     duplicates_skipped: int
-    rows: int | None
-    schema: dict[str, list[str]] = field(default_factory=dict)
+    rows: int | None  # live documents over the stream's `current` tables
+    schema: dict[str, list[str]] = field(default_factory=dict)  # "db.coll.field" added/widened
     duration_s: float = 0.0
-    kind: str | None = None  # "base" or "delta" when a version was made
+    kind: str | None = None  # "merge" when `current` tables changed
     seconds: dict[str, float] = field(default_factory=dict)  # where the run's time went
-
-
-def _behind_change_log(tstate: TransformState, stream: str) -> bool:
-    """True when a committed run extended the change log without folding `current` after its
-    newest version (`current_table` was false then): that version misses those events."""
-    newest = tstate.latest_version(stream)
-    since = newest.version if newest else 0
-    return any(run.path is None and run.version > since for run in tstate.runs(stream))
+    tables: list[CuratedTable] = field(default_factory=list)  # the tables the run changed
 
 
 def transform(
@@ -87,6 +79,39 @@ def transform(
         )
 
 
+def _batches(
+    tstate: TransformState, stream: str, latest: CurrentVersion | None
+) -> tuple[int, list[BatchRecord], bool]:
+    """The run's number, its batches, and whether it repeats a killed run."""
+    waiting = tstate.untransformed_batches(stream)
+    intent = tstate.intent(stream)
+    if intent is not None:
+        number, ids = intent
+        chosen = set(ids)
+        return number, [b for b in waiting if b.id in chosen], True
+    return (latest.version if latest else 0) + 1, waiting, False
+
+
+def _refuse_legacy(tstate: TransformState, stream: StreamConfig) -> None:
+    runs = tstate.runs(stream.name)
+    if any(r.kind in ("base", "delta", "compaction") for r in runs):  # before Delta Lake
+        raise LegacyCuratedZone(
+            f"Stream {stream.name!r}'s curated tables were written by a Tidemark older than "
+            "its Delta Lake tables (a base and deltas under a JSON manifest); this Tidemark "
+            "does not fold onto them.",
+            f"Run `tidemark resnapshot {stream.name}` to rebuild every collection's tables "
+            "from a fresh copy (the raw zone and the old curated files stay until gc).",
+        )
+    behind = [r.version for r in runs if r.path is None and r.changes_added]
+    if stream.current_table and behind:
+        raise CurrentTableBehind(
+            f"Stream {stream.name!r} ran with current_table: false (runs "
+            f"{behind[0]}-{behind[-1]} only extended the change log), so its `current` "
+            "tables miss those runs' events.",
+            f"Run `tidemark resnapshot {stream.name}` to rebuild them from a fresh copy.",
+        )
+
+
 def _transform(
     spark: SparkSource,
     store: StateStore,
@@ -101,12 +126,13 @@ def _transform(
     store.ensure_stream_row(stream)
     lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
     try:
-        publish(store, lake_root, stream.name)  # heals a crash between a commit and its manifest
-        batches = tstate.untransformed_batches(stream.name)
         latest = tstate.latest(stream.name)
-        backfill = stream.current_table and _behind_change_log(tstate, stream.name)
-        if not batches and not backfill:
+        number, batches, repeat = _batches(tstate, stream.name, latest)
+        if not batches:
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
+        _refuse_legacy(tstate, stream)
+        if not repeat:
+            tstate.record_intent(lease, stream.name, number, [b.id for b in batches])
         phases = {"plan": time.monotonic() - clock}
         meter = Meter(progress, stream.name, "transform", "events")
         events_read = sum(b.event_count for b in batches)
@@ -115,101 +141,141 @@ def _transform(
         # A classic or a Connect session (neither is callable), or a factory of one.
         session = spark() if callable(spark) else spark
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
-        run = ((latest.version if latest else 0) + 1, new_batch_id())
-        new = log_new_events(session, tstate, lake_root, stream.name, batches, run)
+        writer = RunWriter(session, lake_root, stream.name, number)
+        new = log_new_events(writer, tstate, batches)
         phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
         added = new.count if new is not None else 0
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if taken over
         meter.enter("current", done=meter.total)
-
-        record: CurrentVersion | None = None
-        schema_report: dict[str, list[str]] = {}
-        if stream.current_table and (new is not None or backfill):
-            record, schema_report = _new_version(
-                session, tstate, lake_root, stream, run, new, batches, backfill
-            )
-        elif new is not None:  # current_table off: the run only extends the change log
-            record = CurrentVersion(stream.name, run[0], None, 0, "", 0, added, datetime.now(UTC))
-        if record is not None and new is not None:
-            record = replace(
-                record,
-                changes_path=new.path,
-                first_event_id=new.first_event_id,
-                last_event_id=new.last_event_id,
-            )
+        folded = Folded()
+        if stream.current_table and new is not None:
+            folded = _fold(writer, tstate, stream, new, batches, repeat)
+        tables = _table_records(writer, tstate, stream.name, folded, new)
         phases["current"], mark = time.monotonic() - mark, time.monotonic()
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)
         meter.enter("commit")
         if before_commit is not None:
             before_commit()
+        record = _run_record(stream, number, new, tables, tstate, lake_root)
         tstate.commit(
-            lease, stream.name, latest.version if latest else None, record, [b.id for b in batches]
+            lease,
+            stream.name,
+            latest.version if latest else None,
+            record,
+            [b.id for b in batches],
+            tables,
         )
         if stream.current_table:
             tstate.prune_beyond(stream.name, stream.keep_versions)
-        publish(store, lake_root, stream.name)
         phases["commit"] = time.monotonic() - mark
         meter.finish()
         made = record is not None and record.path is not None
         return TransformResult(
             stream=stream.name,
-            version=run[0] if made else None,
+            version=number if made else None,
             batches=len(batches),
             events_read=events_read,
             changes_added=added,
             duplicates_skipped=events_read - added,
             rows=record.rows if made and record is not None else None,
-            schema=schema_report,
+            schema=_schema_report(folded),
             duration_s=time.monotonic() - clock,
-            kind=record.kind if made and record is not None else None,
+            kind="merge" if made else None,
             seconds=phases,
+            tables=tables,
         )
     finally:
         store.release_lease(lease)
 
 
-def _new_version(
-    spark: SparkSession,
+def _fold(
+    writer: RunWriter,
+    tstate: TransformState,
+    stream: StreamConfig,
+    new: NewEvents,
+    batches: list[BatchRecord],
+    repeat: bool,
+) -> Folded:
+    known = [(t.db, t.coll) for t in tstate.tables(stream.name) if t.kind == "current"]
+    facts = EventFacts(
+        plain_json=True,
+        namespace_events=folds_namespace_events(batches),
+        other_keys=new.other_keys,
+    )
+    watched = Watched(stream.database, stream.collection)
+    return Fold(writer, watched, known, facts).run(new.frame, repeat)
+
+
+def _table_records(
+    writer: RunWriter,
+    tstate: TransformState,
+    stream: str,
+    folded: Folded,
+    new: NewEvents | None,
+) -> list[CuratedTable]:
+    """The Delta version and size of every table the run changed, read from the tables."""
+    spark, lake = writer.spark, writer.lake_root
+    records = []
+    for db, coll in new.namespaces if new is not None else []:
+        path = changes_dir(lake, stream, db, coll)
+        rows = spark.read.format("delta").load(str(path)).count()
+        records.append(
+            CuratedTable(
+                stream, writer.run, db or "", coll or "", "changes", relative(lake, path),
+                table_version(path), rows,
+            )
+        )  # fmt: skip
+    for (db, coll), schema in sorted(folded.tables.items()):
+        path = current_dir(lake, stream, db, coll)
+        if not is_table(path):
+            continue
+        rows = spark.read.format("delta").load(str(path)).count()
+        records.append(
+            CuratedTable(
+                stream, writer.run, db, coll, "current", relative(lake, path),
+                table_version(path), rows, schema.json(),
+            )
+        )  # fmt: skip
+    return records
+
+
+def _run_record(
+    stream: StreamConfig,
+    number: int,
+    new: NewEvents | None,
+    tables: list[CuratedTable],
     tstate: TransformState,
     lake_root: Path,
-    stream: StreamConfig,
-    run: tuple[int, str],
-    new: NewEvents | None,
-    batches: list[BatchRecord],
-    backfill: bool,
-) -> tuple[CurrentVersion, dict[str, list[str]]]:
-    previous = tstate.latest_version(stream.name)
-    if backfill:
-        # `current` misses runs that only extended the change log: fold the whole log afresh.
-        logged = tstate.change_log_runs(stream.name)
-        events = _whole_change_log(spark, lake_root, logged, new)
-        # Older runs' directories may lack the plain JSON: EventFacts() knows nothing.
-        plan = VersionPlan(stream, run[0], run[1], None, events)
-        record, report = write_base(spark, tstate, lake_root, plan)
-        folded = sum(r.changes_added for r in logged) + _n(new)
-        return replace(record, events_folded=folded, changes_added=_n(new)), report
-    assert new is not None
-    namespace = folds_namespace_events(batches)
-    facts = EventFacts(plain_json=True, namespace_events=namespace, other_keys=new.other_keys)
-    plan = VersionPlan(stream, run[0], run[1], previous, new.frame, facts, new.count)
-    if previous is None or namespace:
-        record, report = write_base(spark, tstate, lake_root, plan)
-    else:
-        record, report = write_delta(spark, tstate, lake_root, plan)
-    return replace(record, events_folded=new.count, changes_added=new.count), report
+) -> CurrentVersion | None:
+    if new is None:
+        return None  # every event was logged already: the batches are marked, nothing else
+    wrote_current = stream.current_table  # folded (a run may change no table: still a version)
+    rows = 0
+    if wrote_current:
+        changed = {(t.db, t.coll) for t in tables if t.kind == "current"}
+        before = tstate.tables(stream.name)
+        kept = [t for t in before if t.kind == "current" and (t.db, t.coll) not in changed]
+        rows = sum(t.rows for t in tables if t.kind == "current") + sum(t.rows for t in kept)
+    return CurrentVersion(
+        stream=stream.name,
+        version=number,
+        path=relative(lake_root, curated(lake_root, stream.name)) if wrote_current else None,
+        rows=rows,
+        doc_schema="",
+        events_folded=new.count if wrote_current else 0,
+        changes_added=new.count,
+        created_at=datetime.now(UTC),
+        kind="merge" if wrote_current else None,
+        base_version=number if wrote_current else None,
+        first_event_id=new.first_event_id,
+        last_event_id=new.last_event_id,
+        changes_path=relative(lake_root, curated(lake_root, stream.name)),
+    )
 
 
-def _n(new: NewEvents | None) -> int:
-    return new.count if new is not None else 0
-
-
-def _whole_change_log(
-    spark: SparkSession, lake_root: Path, logged: list[CurrentVersion], new: NewEvents | None
-) -> DataFrame:
-    paths = [r.changes_path for r in logged if r.changes_path]
-    parts = [change_log(spark, lake_root, paths)] if paths else []
-    parts += [new.frame] if new is not None else []
-    events = parts[0]
-    for part in parts[1:]:
-        events = events.unionByName(part, allowMissingColumns=True)
-    return events
+def _schema_report(folded: Folded) -> dict[str, list[str]]:
+    report: dict[str, list[str]] = {"added": [], "widened": []}
+    for table, changes in sorted(folded.schema.items()):
+        for kind in ("added", "widened"):
+            report[kind] += [f"{table}.{c}" for c in changes[kind]]
+    return report

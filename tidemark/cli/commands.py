@@ -267,17 +267,19 @@ def _resnapshot(runtime: Runtime, name: str) -> int:
 
 
 def _gc(runtime: Runtime, min_age: float) -> int:
+    from tidemark.cli.curated import lazy_spark
+
     rows = []
-    for sweep in collect_garbage(runtime.lake_root, runtime.store, min_age):
+    with lazy_spark(runtime) as (session, _):
+        sweeps = collect_garbage(runtime.lake_root, runtime.store, min_age, spark=session)
+    for sweep in sweeps:
         if sweep.result is None:
             rows.append([sweep.stream, "-", "-", "-", sweep.note])
         else:
-            curated = len(sweep.curated.removed) if sweep.curated else 0
-            young = len(sweep.result.kept_young) + (
-                len(sweep.curated.kept_young) if sweep.curated else 0
-            )
-            rows.append([sweep.stream, len(sweep.result.removed), curated, young, "ok"])
-    header = ["stream", "raw files removed", "curated dirs removed", "kept (younger)", "note"]
+            vacuumed = len(sweep.curated) if sweep.curated is not None else "-"
+            young = len(sweep.result.kept_young)
+            rows.append([sweep.stream, len(sweep.result.removed), vacuumed, young, "ok"])
+    header = ["stream", "raw files removed", "Delta files vacuumed", "kept (younger)", "note"]
     print(format_table(header, rows) if rows else "The lake holds no raw files yet.")
     return 0
 

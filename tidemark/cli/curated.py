@@ -2,17 +2,18 @@
 
 `transform` does the Dagster step's work (`jobs.transform.transform`, under the same stream
 lease), so an operator can fold without Dagster; Spark starts only for a stream with new
-batches. `tables` reads the state store only (no Spark), and rewrites a manifest a crash left
-stale (`jobs.catalog.publish_if_stale`).
+batches. `tables` reads the state store only (no Spark): per collection, the Delta table's
+path, version, rows and the run that made it.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from jobs.catalog import TableState, publish_if_stale, tables
+from jobs.catalog import TableState, tables
 from resources.spark import (
     SparkConfig,
     discard_session,
@@ -30,21 +31,42 @@ def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.all == bool(args.stream):
         raise TidemarkError("Name one stream to transform, or pass --all.", "")
     streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
+    with lazy_spark(runtime) as (session, opened):
+        return _transform_streams(runtime, args, streams, session, opened)
+
+
+@contextmanager
+def lazy_spark(runtime: Runtime) -> Iterator[tuple[Callable[[], Any], list[tuple[Any, bool]]]]:
+    """A Spark session made on first use (the home's Connect server unless a master is set,
+    as `tidemark demo` and `ui` do), stopped at the end if this made it. The mode is fixed
+    before the transform's modules are imported (see prepare_connect_mode)."""
     settings = runtime.settings
-    # The home's Connect server unless a master is set, as `tidemark demo` and `ui` do; the
-    # mode is fixed before the transform's modules are imported (see prepare_connect_mode).
     connect = bool(settings.spark_remote or not settings.spark_master)
     prepare_connect_mode("sc://" if connect else None)
-    from jobs.transform import transform
-
     opened: list[tuple[Any, bool]] = []
 
-    def session() -> Any:  # asked for only by a stream with new batches
+    def session() -> Any:
         if not opened:
             remote = resolve_spark_remote(settings) if connect else None
             config = SparkConfig(master=settings.spark_master or "local[*]", remote=remote)
             opened.append(spark_session(config))
         return opened[0][0]
+
+    try:
+        yield session, opened
+    finally:
+        for spark, created in opened:
+            stop_if_created(spark, created)
+
+
+def _transform_streams(
+    runtime: Runtime,
+    args: argparse.Namespace,
+    streams: list[Any],
+    session: Callable[[], Any],
+    opened: list[tuple[Any, bool]],
+) -> int:
+    from jobs.transform import transform
 
     def one(stream: Any) -> Any:
         try:
@@ -61,58 +83,54 @@ def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
 
     rows = []
     failures = StreamFailures.of(runtime.config) if args.all else StreamFailures()
-    try:
-        for stream in streams:
-            try:
-                r = one(stream)
-            except LeaseHeld as exc:
-                if not args.all:
-                    raise
-                rows.append([stream.name, "-", "-", "-", "-", "-", f"skipped: {exc.problem}"])
-                continue
-            except Exception as exc:  # under --all, one stream's failure stops no other
-                if not args.all:
-                    raise
-                failures.failed.append((stream.name, exc))
-                rows.append([stream.name, "-", "-", "-", "-", "-", "FAILED (see below)"])
-                continue
-            made = f"{r.version} ({r.kind})" if r.version is not None else "-"
-            rows.append(
-                [
-                    stream.name,
-                    r.batches,
-                    f"{r.events_read:,}",
-                    f"{r.changes_added:,}",
-                    made,
-                    f"{r.rows:,}" if r.rows is not None else "-",
-                    f"{r.duration_s:.2f} s" if r.batches else "nothing new",
-                ]
-            )
-    finally:
-        for spark, created in opened:
-            stop_if_created(spark, created)
+    for stream in streams:
+        try:
+            r = one(stream)
+        except LeaseHeld as exc:
+            if not args.all:
+                raise
+            rows.append([stream.name, "-", "-", "-", "-", "-", f"skipped: {exc.problem}"])
+            continue
+        except Exception as exc:  # under --all, one stream's failure stops no other
+            if not args.all:
+                raise
+            failures.failed.append((stream.name, exc))
+            rows.append([stream.name, "-", "-", "-", "-", "-", "FAILED (see below)"])
+            continue
+        made = f"{r.version} ({r.kind})" if r.version is not None else "-"
+        rows.append(
+            [
+                stream.name,
+                r.batches,
+                f"{r.events_read:,}",
+                f"{r.changes_added:,}",
+                made,
+                f"{r.rows:,}" if r.rows is not None else "-",
+                f"{r.duration_s:.2f} s" if r.batches else "nothing new",
+            ]
+        )
     header = ["stream", "batches", "events", "changes added", "version", "rows", "took"]
     print(format_table(header, rows))
     return failures.report()
 
 
 def tables_command(runtime: Runtime, as_json: bool = False) -> int:
-    rows, healed, documents = [], [], []
+    rows, documents = [], []
     for stream in runtime.config.streams:
-        healed += publish_if_stale(runtime.store, runtime.lake_root, stream.name)
-        found = tables(runtime.store, runtime.lake_root, stream.name, with_files=False)
+        found = tables(runtime.store, runtime.lake_root, stream.name)
         documents += [_table_json(t) for t in found]
         if not found:
-            rows.append([stream.name, "-", "-", "-", "-", "no table yet: run the transform", ""])
+            rows.append([stream.name, "-", "-", "-", "-", "-", "no table yet: run the transform"])
         for t in found:
             rows.append(
                 [
                     stream.name,
+                    t.name,
                     t.table,
                     t.version,
                     f"{t.rows:,}",
-                    f"{t.committed_at:%Y-%m-%d %H:%M:%S}",
-                    str(t.manifest_path),
+                    t.run,
+                    str(t.location),
                     schema_summary(t),
                 ]
             )
@@ -120,25 +138,23 @@ def tables_command(runtime: Runtime, as_json: bool = False) -> int:
         # A stream without a table yet has no entry; stdout holds the one document only.
         print_json({"tables": documents})
     else:
-        header = ["stream", "table", "version", "rows", "committed (UTC)", "manifest", "columns"]
-        print(format_table(header, rows))
-    for t in healed:
-        print(
-            f"Rewrote the stale manifest of {t.stream}/{t.table} (version {t.version}).",
-            file=sys.stderr if as_json else sys.stdout,
-        )
+        header = ["stream", "collection", "table", "delta version", "rows", "run", "path"]
+        print(format_table([*header, "columns"], rows))
     return 0
 
 
 def _table_json(table: TableState) -> dict[str, Any]:
     return {
         "stream": table.stream,
+        "db": table.db,
+        "collection": table.coll,
         "table": table.table,
-        "version": table.version,
+        "format": "delta",
+        "delta_version": table.version,
+        "run": table.run,
         "rows": table.rows,
         "committed_at": iso_utc(table.committed_at),
         "location": str(table.location),
-        "manifest": str(table.manifest_path),
         "columns": [{"name": c.name, "type": c.type} for c in table.columns],
     }
 

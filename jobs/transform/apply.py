@@ -1,0 +1,335 @@
+"""Folding a run's new events into each collection's `current` Delta table.
+
+The events are folded in segments between namespace events (`jobs.transform.fold` states the
+rules). For a segment, per key, the newest event not cleared by a barrier nor older than the
+key's tombstone is MERGEd into its collection's `current`: it replaces a row only when newer
+than the row's event, a delete removes the row, and an insert or update of a key with no row
+adds one. Deletes are also MERGEd into the stream's `removed` table (tombstones), and each
+namespace event clears its tables' older rows and leaves a barrier there.
+
+`removed` is a Delta table of Tidemark's own beside the collections (`jobs.curated_zone`):
+readers of `current` never filter anything, and a late older event still finds what removed
+its document. Its rows name the run that wrote them: a repeat of a killed run reads only what
+earlier runs removed, exactly as the first attempt did, so it plans the same commits.
+
+Document fields are typed by Spark's JSON inference, merged with the table's schema: a new
+field adds a column (Delta schema evolution); a field whose type changes becomes a string
+column, and the collection's table is rewritten from its documents in that schema first
+(`doc_columns.merge_types`), so no reader of any version sees a value reinterpreted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, StructType
+
+from jobs.curated_zone import PLAIN_JSON, current_dir, removed_dir
+from jobs.transform.delta_io import (
+    CURRENT_PROPERTIES,
+    REMOVED_PROPERTIES,
+    RunWriter,
+    is_table,
+    table_ref,
+)
+from jobs.transform.doc_columns import (
+    expand,
+    field_columns,
+    flatten_udf,
+    infer_schema,
+    merge_schemas,
+    schema_changes,
+)
+from jobs.transform.fold import (
+    KEY,
+    NAMESPACE_OPERATIONS,
+    EventFacts,
+    Watched,
+    keyed_events,
+    newest_per_key,
+    not_cleared,
+)
+
+CURRENT_META = ["_tm_key", "_tm_document", "_tm_event_id", "_tm_cluster_time"]
+REMOVED_DDL = (
+    "_tm_db string, _tm_coll string, _tm_key string, _tm_event_id string, "
+    "_tm_cluster_time timestamp, _tm_run int"
+)
+AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
+
+Namespace = tuple[str, str]
+
+
+@dataclass
+class Folded:
+    """What a run's fold changed: the `current` tables it wrote (with their schemas) and the
+    schema changes per table (`"db.coll"` -> added / widened columns)."""
+
+    tables: dict[Namespace, StructType] = field(default_factory=dict)
+    schema: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+
+class Fold:
+    """One run's fold over its stream's tables (see the module docstring)."""
+
+    def __init__(
+        self, writer: RunWriter, watched: Watched, known: list[Namespace], facts: EventFacts
+    ) -> None:
+        self.writer = writer
+        self.spark = writer.spark
+        self.watched = watched
+        self.facts = facts
+        # The collections with a `current` table: committed ones, then those this run's plan
+        # reached, in plan order (a repeat reaches them in the same order).
+        self.namespaces: list[Namespace] = sorted(known)
+        self.result = Folded()
+
+    # -- paths and what is on disk -------------------------------------------------------
+
+    def _current(self, ns: Namespace) -> Path:
+        return current_dir(self.writer.lake_root, self.writer.stream, *ns)
+
+    def _removed(self) -> Path:
+        return removed_dir(self.writer.lake_root, self.writer.stream)
+
+    def _reach(self, ns: Namespace) -> None:
+        if ns not in self.namespaces:
+            self.namespaces.append(ns)
+
+    def _table_schema(self, ns: Namespace) -> StructType:
+        path = self._current(ns)
+        if not is_table(path):
+            return StructType([])
+        schema = self.spark.read.format("delta").load(str(path)).schema
+        return StructType([f for f in schema.fields if f.name not in CURRENT_META])
+
+    def _earlier_removals(self) -> DataFrame | None:
+        """`removed` as earlier runs left it (see the module docstring)."""
+        path = self._removed()
+        if not is_table(path):
+            return None
+        table = self.spark.read.format("delta").load(str(path))
+        return table.where(F.col("_tm_run") != F.lit(self.writer.run))
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self, events: DataFrame, repeat: bool = False) -> Folded:
+        """Fold `events`; a `repeat` of a killed run also turns the change feed back on for
+        each table it changed (the kill may have come between a rewrite and that)."""
+        folded = self._run(events)
+        if repeat:
+            for ns in sorted(folded.tables):
+                if is_table(self._current(ns)):
+                    self.writer.set_change_feed(self._current(ns), True)
+        return folded
+
+    def _run(self, events: DataFrame) -> Folded:
+        namespace_events: list[Any] = []
+        if self.facts.namespace_events:
+            found = (
+                events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
+                .select(
+                    "event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time"
+                )
+                .collect()
+            )
+            namespace_events = sorted(found, key=lambda e: e.event_id)
+        keyed = keyed_events(events, self.facts)
+        lower: str | None = None
+        for barrier in [*namespace_events, None]:
+            segment = keyed
+            if lower is not None:
+                segment = segment.where(F.col("_tm_event_id") > F.lit(lower))
+            if barrier is not None:
+                segment = segment.where(F.col("_tm_event_id") < F.lit(barrier.event_id))
+            self._segment(segment)
+            if barrier is not None:
+                self._namespace_event(barrier)
+                lower = barrier.event_id
+        return self.result
+
+    def _segment(self, segment: DataFrame) -> None:
+        removals = self._earlier_removals()
+        if removals is not None:
+            barriers = removals.where(F.col("_tm_key").isNull()).select(
+                F.col("_tm_db").alias("_b_db"),
+                F.col("_tm_coll").alias("_b_coll"),
+                F.col("_tm_event_id").alias("_b_event_id"),
+            )
+            segment = not_cleared(segment, barriers)
+        latest = newest_per_key(segment)
+        if removals is not None:
+            tombstones = removals.where(F.col("_tm_key").isNotNull()).select(
+                *KEY, F.col("_tm_event_id").alias("_t_event_id")
+            )
+            # A tombstone of this very event (a repeat) does not hide it: strictly newer only.
+            hidden = latest.join(tombstones, KEY).where(
+                F.col("_t_event_id") > F.col("_tm_event_id")
+            )
+            latest = latest.join(hidden.select(*KEY), KEY, "left_anti")
+        latest = latest.localCheckpoint()
+        found = latest.select("_tm_db", "_tm_coll").distinct().collect()
+        for ns in sorted((r._tm_db, r._tm_coll) for r in found):
+            self._reach(ns)
+            in_ns = (F.col("_tm_db") == F.lit(ns[0])) & (F.col("_tm_coll") == F.lit(ns[1]))
+            self._merge_rows(ns, latest.where(in_ns))
+        deletes = latest.where(F.col("_tm_deleted")).select(
+            *KEY, "_tm_event_id", "_tm_cluster_time", F.lit(self.writer.run).alias("_tm_run")
+        )
+        self._merge_tombstones(deletes)
+
+    # -- current -------------------------------------------------------------------------
+
+    def _merge_rows(self, ns: Namespace, rows: DataFrame) -> None:
+        """MERGE the newest rows of a segment into the collection's `current`."""
+        rewrite, merge = self.writer.slot(), self.writer.slot()
+        documents = rows.where(~F.col("_tm_deleted")).select(PLAIN_JSON)
+        schema = self._schema_for(ns, infer_schema(self.spark, documents), rewrite)
+        typed = expand(rows, schema, CURRENT_META)
+        self._merge_current(ns, typed, merge)
+
+    def _schema_for(self, ns: Namespace, incoming: StructType, slot: int) -> StructType:
+        """The table's schema merged with `incoming`; a type change rewrites the table in it
+        first (in `slot`)."""
+        old = self._table_schema(ns)
+        merged = field_columns(merge_schemas(old, incoming))
+        key = f"{ns[0]}.{ns[1]}"
+        changes = schema_changes(old, merged)
+        if changes["added"] or changes["widened"]:
+            report = self.result.schema.setdefault(key, {"added": [], "widened": []})
+            report["added"] += [c for c in changes["added"] if c not in report["added"]]
+            report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
+        if any(not _only_adds(f.dataType, _type_of(merged, f.name)) for f in old.fields):
+            self._rewrite(ns, merged, slot)
+        self.result.tables[ns] = merged
+        return merged
+
+    def _rewrite(self, ns: Namespace, schema: StructType, slot: int) -> None:
+        path = self._current(ns)
+        table = self.spark.read.format("delta").load(str(path))
+        with_json = table.withColumn(PLAIN_JSON, flatten_udf(F.col("_tm_document")))
+        self.writer.overwrite(expand(with_json, schema, CURRENT_META), path, slot)
+
+    def _merge_current(self, ns: Namespace, typed: DataFrame, slot: int) -> None:
+        path = self._current(ns)
+        if not is_table(path):
+            live = typed.where(F.col("_tm_document").isNotNull())
+            self.writer.create(live, path, CURRENT_PROPERTIES, slot)
+            return
+        statement = (
+            f"MERGE INTO {table_ref(path)} t USING {{source}} s ON t._tm_key = s._tm_key "
+            "WHEN MATCHED AND s._tm_event_id > t._tm_event_id AND s._tm_document IS NULL "
+            "THEN DELETE "
+            "WHEN MATCHED AND s._tm_event_id > t._tm_event_id THEN UPDATE SET * "
+            "WHEN NOT MATCHED AND s._tm_document IS NOT NULL THEN INSERT *"
+        )
+        self.spark.conf.set(AUTO_MERGE, "true")
+        try:
+            self.writer.sql(statement, path, slot, source=typed)
+        finally:
+            self.spark.conf.unset(AUTO_MERGE)
+
+    # -- removed -------------------------------------------------------------------------
+
+    def _merge_tombstones(self, deletes: DataFrame) -> None:
+        slot = self.writer.slot()
+        path = self._removed()
+        if not is_table(path):
+            self.writer.create(deletes, path, REMOVED_PROPERTIES, slot)
+            return
+        statement = (
+            f"MERGE INTO {table_ref(path)} t USING {{source}} s "
+            "ON t._tm_db = s._tm_db AND t._tm_coll = s._tm_coll AND t._tm_key = s._tm_key "
+            "WHEN MATCHED AND s._tm_event_id > t._tm_event_id THEN UPDATE SET * "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        self.writer.sql(statement, path, slot, source=deletes)
+
+    def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
+        row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
+        frame = self.spark.createDataFrame(row, REMOVED_DDL)
+        self.writer.create(frame, self._removed(), REMOVED_PROPERTIES, self.writer.slot())
+
+    # -- namespace events ----------------------------------------------------------------
+
+    def _in_scope(self, db: str | None, coll: str | None) -> list[Namespace]:
+        return [
+            ns
+            for ns in self.namespaces
+            if db is None or (ns[0] == db and (coll is None or ns[1] == coll))
+        ]
+
+    def _clear(self, ns: Namespace, event: Any) -> None:
+        """Remove the collection's rows older than `event` (a table not made yet has none)."""
+        slot = self.writer.slot()
+        path = self._current(ns)
+        if is_table(path):
+            statement = f"DELETE FROM {table_ref(path)} WHERE _tm_event_id < '{event.event_id}'"
+            self.writer.sql(statement, path, slot)
+        if ns not in self.result.tables:
+            self.result.tables[ns] = self._table_schema(ns)
+
+    def _namespace_event(self, event: Any) -> None:
+        op = event.operation_type
+        if op == "rename":
+            self._rename(event)
+            return
+        coll = None if op == "dropDatabase" else event.coll
+        db = event.db
+        for ns in self._in_scope(db, coll):
+            self._clear(ns, event)
+        self._barrier(db, coll, event)
+
+    def _rename(self, event: Any) -> None:
+        source: Namespace = (event.db, event.coll)
+        target: Namespace = (event.to_db, event.to_coll)
+        if self.watched.contains(*target):
+            self._reach(target)
+            self._clear(target, event)
+            self._move(source, target, event)
+        self._clear(source, event)
+        self._barrier(*source, event)
+        if self.watched.contains(*target):
+            self._barrier(*target, event)
+
+    def _move(self, source: Namespace, target: Namespace, event: Any) -> None:
+        """The source's rows older than the rename, MERGEd into the target (newest per key
+        wins), typed in the target's schema from their documents."""
+        rewrite, merge = self.writer.slot(), self.writer.slot()
+        path = self._current(source)
+        if not is_table(path):
+            return
+        rows = (
+            self.spark.read.format("delta")
+            .load(str(path))
+            .where(F.col("_tm_event_id") < F.lit(event.event_id))
+            .select(*CURRENT_META)
+            .withColumn(PLAIN_JSON, flatten_udf(F.col("_tm_document")))
+        )
+        schema = self._schema_for(target, self._table_schema(source), rewrite)
+        self._merge_current(target, expand(rows, schema, CURRENT_META), merge)
+
+
+def _type_of(schema: StructType, name: str) -> DataType | None:
+    return next((f.dataType for f in schema.fields if f.name == name), None)
+
+
+def _only_adds(old: DataType, new: DataType | None) -> bool:
+    """True when `new` is `old` with fields added (inside structs, at any depth): what Delta's
+    schema evolution takes without a rewrite."""
+    if new is None or old == new:
+        return new is not None
+    if isinstance(old, StructType) and isinstance(new, StructType):
+        return all(_only_adds(f.dataType, _type_of(new, f.name)) for f in old.fields)
+    if isinstance(old, ArrayType) and isinstance(new, ArrayType):
+        return _only_adds(old.elementType, new.elementType)
+    return False
+
+
+def folds_namespace_events(batches: list[Any]) -> bool:
+    """True when a batch holds a namespace event (the manifest counts events by type)."""
+    return any(b.events_by_type.get(op) for b in batches for op in NAMESPACE_OPERATIONS)

@@ -1,0 +1,147 @@
+"""Delta Lake commits of one transform run, each made at most once however often the run is
+repeated.
+
+A run numbers its Delta commits in the order its plan makes them (`RunWriter.slot`), and every
+commit carries Delta's own idempotency mark: the session's `txnAppId` (the table) and
+`txnVersion` (run number * STEP_SPAN + the commit's slot). Delta records the pair in the
+commit, and skips a later write whose version is not above the one recorded for its table. A
+run killed after some commits is repeated with the same number over the same batches (the
+state store's intent), so it plans the same commits in the same order: those made before the
+kill are skipped by Delta, the rest made now. Each slot is taken whether or not its commit is
+needed (a table to create, a rewrite that may not be due), so a repeat's numbering never drifts
+from the first attempt's.
+
+Works the same on a classic session and over Spark Connect: only SQL, DataFrame writes and
+session settings, no `DeltaTable` API (Delta's Connect plugin is not published).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.lake import relative
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+STEP_SPAN = 1_000_000  # more commits than a run makes to any one table
+# `current`: a MERGE marks replaced rows in deletion vectors instead of rewriting their files,
+# the change feed lets downstream jobs read only what a run changed, and column mapping lets a
+# column carry any field name a document has (spaces, dots, commas).
+CURRENT_PROPERTIES = {
+    "delta.enableDeletionVectors": "true",
+    "delta.enableChangeDataFeed": "true",
+    "delta.columnMapping.mode": "name",
+}
+CHANGES_PROPERTIES = {"delta.appendOnly": "true"}
+REMOVED_PROPERTIES = {"delta.enableDeletionVectors": "true"}
+
+
+def quoted(name: str) -> str:
+    """A SQL identifier for a column named `name` as is."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_ref(path: Path) -> str:
+    return "delta.`" + str(path).replace("`", "``") + "`"
+
+
+def is_table(path: Path) -> bool:
+    return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
+
+
+def table_version(path: Path) -> int:
+    """The newest committed version of the table at `path` (read from its log's listing: each
+    commit is one `NNNNNNNNNNNNNNNNNNNN.json`)."""
+    versions = [int(p.stem) for p in (path / "_delta_log").glob("*.json") if p.stem.isdigit()]
+    return max(versions)
+
+
+@dataclass
+class RunWriter:
+    """The Delta commits of one run of one stream, numbered; see the module docstring."""
+
+    spark: Any
+    lake_root: Path
+    stream: str
+    run: int
+    slots: int = 0
+    written: set[Path] = field(default_factory=set)  # tables this run committed to (or skipped)
+
+    def slot(self) -> int:
+        """Take the next commit number (whether or not the commit turns out to be needed)."""
+        self.slots += 1
+        if self.slots >= STEP_SPAN:
+            raise OverflowError("a transform run made more Delta commits than STEP_SPAN")
+        return self.run * STEP_SPAN + self.slots
+
+    @contextmanager
+    def _marked(self, path: Path, slot: int) -> Iterator[None]:
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, f"tidemark:{relative(self.lake_root, path)}")
+        conf.set(TXN_VERSION, str(slot))
+        try:
+            yield
+        finally:
+            conf.unset(TXN_APP_ID)
+            conf.unset(TXN_VERSION)
+        self.written.add(path)
+
+    def create(
+        self,
+        frame: Any,
+        path: Path,
+        properties: dict[str, str],
+        slot: int,
+        partition_by: list[str] | None = None,
+    ) -> None:
+        """Append `frame` to the table at `path`, made first (empty, with `properties`) when
+        there is none. The empty table is a commit of its own, without a mark: Delta refuses
+        to enable column mapping and the change feed in a commit that writes rows, and a table
+        left empty by a kill is merged into like any other."""
+        if not is_table(path):
+            empty = frame.limit(0).write.format("delta").options(**properties)
+            if partition_by:
+                empty = empty.partitionBy(*partition_by)
+            empty.save(str(path))
+        writer = frame.write.format("delta").mode("append")
+        with self._marked(path, slot):
+            writer.save(str(path))
+
+    def overwrite(self, frame: Any, path: Path, slot: int) -> None:
+        """Replace the table's rows and schema (a column's type changed). Delta refuses that
+        with the change feed on (a column mapped anew), so the feed is off for the one commit:
+        a feed reader across it is told to read the table afresh, which a table whose column
+        changed type needs anyway."""
+        writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        self.set_change_feed(path, False)
+        with self._marked(path, slot):
+            writer.save(str(path))
+        self.set_change_feed(path, True)
+
+    def set_change_feed(self, path: Path, enabled: bool) -> None:
+        """Turn the table's change feed on or off (idempotent: no mark needed)."""
+        value = "true" if enabled else "false"
+        self.spark.sql(
+            f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES "
+            f"(delta.enableChangeDataFeed = {value})"
+        ).collect()
+
+    def sql(self, statement: str, path: Path, slot: int, source: Any | None = None) -> list[Any]:
+        """Run a DML statement on the table at `path`; `source`, when given, is the view
+        `{source}` in the statement names. Returns the statement's result rows ([] when Delta
+        skipped it as already made)."""
+        view = None
+        if source is not None:
+            view = f"tm_source_{self.run}_{slot % STEP_SPAN}"
+            source.createOrReplaceTempView(view)
+            statement = statement.replace("{source}", view)
+        try:
+            with self._marked(path, slot):
+                return self.spark.sql(statement).collect()
+        finally:
+            if view is not None:
+                self.spark.catalog.dropTempView(view)

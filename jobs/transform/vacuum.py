@@ -1,0 +1,54 @@
+"""Delta VACUUM of a stream's curated tables, with a retention its kept versions outlive.
+
+A MERGE or an OPTIMIZE leaves the files it replaced in place (readers of older versions still
+use them); VACUUM deletes those older than the retention. The retention is how long ago the
+oldest kept version (`keep_versions`) was committed, plus `min_age_seconds`, so time travel to
+every kept version keeps working and a reader that started just before a prune has that long
+to finish. The transaction log itself is kept for Delta's `delta.logRetentionDuration`
+(30 days by default), longer than any version Tidemark lets a reader resolve.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jobs.transform.delta_io import is_table, table_ref
+from state import StateStore, TransformState
+
+RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+
+
+def retention_hours(store: StateStore, stream: str, min_age_seconds: float) -> float:
+    """Hours a replaced file is kept: the oldest kept version's age plus `min_age_seconds`."""
+    kept = TransformState(store).versions(stream)
+    now = datetime.now(UTC)
+    oldest = min((v.created_at for v in kept), default=now)
+    seconds = (now - oldest).total_seconds() + min_age_seconds
+    return math.ceil(max(seconds, 0.0) / 36.0) / 100.0  # to the hundredth, never below
+
+
+def vacuum(
+    spark: Any, store: StateStore, lake_root: Path, stream: str, min_age_seconds: float
+) -> list[str]:
+    """VACUUM every table of the stream (the caller holds its transform lease); returns the
+    files deleted."""
+    hours = retention_hours(store, stream, min_age_seconds)
+    paths = {lake_root / t.path for t in TransformState(store).tables(stream)}
+    removed: list[str] = []
+    # Below Delta's default of 7 days on purpose: the retention is computed, not guessed.
+    spark.conf.set(RETENTION_CHECK, "false")
+    try:
+        for path in sorted(paths):
+            if not is_table(path):
+                continue
+            ref = table_ref(path)
+            removed += [
+                r[0] for r in spark.sql(f"VACUUM {ref} RETAIN {hours} HOURS DRY RUN").collect()
+            ]
+            spark.sql(f"VACUUM {ref} RETAIN {hours} HOURS").collect()
+    finally:
+        spark.conf.unset(RETENTION_CHECK)
+    return removed
