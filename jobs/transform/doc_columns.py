@@ -35,7 +35,16 @@ from jobs.curated_zone import PLAIN_JSON
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
 
-JSON_OPTIONS = {"allowNonNumericNumbers": "true", "mode": "PERMISSIVE"}
+# A BSON date is written by `flatten` as exactly this form of ISO 8601 (UTC, milliseconds), and
+# read back as a timestamp: a field whose every value is such an instant becomes a timestamp
+# column (a field mixing them with other strings stays a string column).
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"
+JSON_OPTIONS = {
+    "allowNonNumericNumbers": "true",
+    "mode": "PERMISSIVE",
+    "inferTimestamp": "true",
+    "timestampFormat": TIMESTAMP_FORMAT,
+}
 # A field null in every new row says nothing of its type (Spark would call it a string and
 # widen an existing number); rows whose field is left out are read from their JSON.
 INFER_OPTIONS = {**JSON_OPTIONS, "dropFieldIfAllNull": "true"}

@@ -1,0 +1,349 @@
+"""Adversarial tests of merge-on-read `current`: each fails on a real bug, passes otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.capture import drain, drain_until_caught_up
+from jobs.transform import compact, read_current, transform
+from resources.mongo import cluster_time
+from state import TransformState
+from tests.helpers.lake_reading import data_directories
+from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from resources.spark import SparkConfig, spark_session, stop_if_created
+
+    session, created = spark_session(SparkConfig(master="local[1]", driver_memory="1g"))
+    yield session
+    stop_if_created(session, created)
+
+
+def _rows_match(spark, store, lake, stream) -> None:
+    """Invariant 4: each kept version's stored row count is what a reader counts."""
+    for v in TransformState(store).versions(stream.name):
+        got = read_current(spark, store, lake, stream.name, v.version).count()
+        assert got == v.rows, f"version {v.version} ({v.kind}): rows={v.rows}, read {got}"
+
+
+def test_a_field_name_with_a_dot_reads_back(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_one({"_id": 1, "a.b": 5, "plain": 1})  # dotted field names: MongoDB 5.0+
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    assert [r["a.b"] for r in rows] == [5]
+
+
+def test_an_empty_sub_document_reads_the_same_from_base_and_delta(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_one({"_id": 1, "meta": {}})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    coll.insert_many([{"_id": 2, "meta": {}}, {"_id": 3, "meta": {"a": 1}}])
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    rows = {
+        r._tm_key: r.meta for r in read_current(spark, sqlite_store, lake, stream.name).collect()
+    }
+    same_documents = [v for k, v in rows.items() if '"1"' in k or '"2"' in k]
+    assert len(same_documents) == 2
+    # _id 1 (base) and _id 2 (delta) hold the same document: their columns must agree.
+    assert same_documents[0] == same_documents[1], rows
+
+
+def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    db = client[db_name]
+    before_start = cluster_time(client)
+    db.a.insert_one({"_id": 1, "v": "old"})
+    db.a.rename("b")  # before the stream's start: unknown to `current`
+    stream = make_stream(collection=None)  # the whole database
+    drain(stream, raw_client, sqlite_store, lake)
+    db.b.update_one({"_id": 1}, {"$set": {"v": "new"}})
+    db.b.insert_one({"_id": 2})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    late = capture_events(raw_client, db_name, None, before_start, 2)  # insert into a, rename
+    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    rows = read_current(spark, sqlite_store, lake, stream.name)
+    got = current_state(rows)  # fails on a key held twice
+    assert got == source_state(raw_client, db_name, "b")
+    _rows_match(spark, sqlite_store, lake, stream)
+
+
+def _snapshot_rows(frame) -> dict[str, dict]:
+    """A version as readers see it: per key, every column (typed ones included)."""
+    rows = frame.collect()
+    out = {r._tm_key: r.asDict(recursive=True) for r in rows}
+    assert len(out) == len(rows), "a key appears twice in current"
+    return out
+
+
+def _typed_columns_are_the_json(frame, schema_json: str) -> None:
+    """Invariant 7: each typed column is the row's plain JSON read in the version's schema,
+    whichever directory the row came from."""
+    from pyspark.sql import functions as F
+
+    from jobs.transform.doc_columns import JSON_OPTIONS, schema_from_json
+
+    schema = schema_from_json(schema_json)
+    fields = [f for f in schema.fields if not f.name.startswith("_tm_")]
+    if not fields:
+        return
+    from pyspark.sql.types import StructType
+
+    parsed = F.from_json("_tm_json", StructType(fields), JSON_OPTIONS)
+    expected = frame.select(
+        "_tm_key", *(parsed.getField(f.name).alias(f"e{i}") for i, f in enumerate(fields))
+    )
+    got = frame.select(
+        "_tm_key", *(frame[f"`{f.name}`"].alias(f"e{i}") for i, f in enumerate(fields))
+    )
+    diff = got.exceptAll(expected).collect()
+    assert not diff, f"typed columns differ from the JSON: {diff[:3]}"
+
+
+@pytest.mark.parametrize("keep", [2, 50])
+def test_time_travel_counts_and_columns_through_type_changes_compaction_gc_and_drop(
+    keep, spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    from jobs.ops import collect_garbage
+
+    coll = client[db_name]["orders"]
+    before_start = cluster_time(client)
+    coll.insert_many([{"_id": 100 + i, "x": i} for i in range(3)])  # before the stream
+    coll.delete_one({"_id": 100})
+    stream = make_stream(keep_versions=keep)
+    drain(stream, raw_client, sqlite_store, lake)
+    recorded: dict[int, dict] = {}
+    unseen = {'{ "_id" : { "$numberInt" : "101" } }', '{ "_id" : { "$numberInt" : "102" } }'}
+
+    def step(kind: str | None = None, *, compaction: bool = False) -> None:
+        drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        result = (
+            compact(spark, sqlite_store, lake, stream)
+            if compaction
+            else transform(spark, sqlite_store, lake, stream)
+        )
+        assert result.version is not None
+        if kind is not None:
+            assert result.kind == kind
+        frame = read_current(spark, sqlite_store, lake, stream.name)
+        recorded[result.version] = _snapshot_rows(frame)
+        source = source_state(raw_client, db_name, "orders")
+        assert current_state(frame) == {k: v for k, v in source.items() if k not in unseen}
+
+    coll.insert_many([{"_id": i, "x": i, "s": {"a": i}} for i in range(6)])
+    step("base")
+    coll.update_one({"_id": 1}, {"$set": {"x": "one"}})  # int -> string
+    coll.delete_one({"_id": 2})
+    coll.insert_one({"_id": 2, "x": 22})  # deleted and re-inserted in one run
+    coll.delete_one({"_id": 3})
+    step("delta")
+    coll.update_one({"_id": 4}, {"$set": {"x": {"deep": [1, 2]}, "s": {"a": "str"}}})
+    coll.insert_one({"_id": 3, "x": 33})  # re-inserted after a delta's tombstone
+    step("delta")
+    step(compaction=True)
+    coll.update_one({"_id": 5}, {"$set": {"x": [1, {"k": 2}], "s": [1]}})  # -> array
+    coll.delete_one({"_id": 4})
+    step("delta")
+    late = capture_events(raw_client, db_name, "orders", before_start, 4)  # older events
+    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
+    unseen.clear()  # the replay brought them
+    step("delta")
+    collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    coll.drop()
+    coll.insert_many([{"_id": 1, "x": 1.5}, {"_id": 7, "x": None}])
+    step("base")
+    coll.update_one({"_id": 1}, {"$set": {"x": {"again": True}}})
+    step("delta")
+    step(compaction=True)
+    collect_garbage(lake, sqlite_store, min_age_seconds=0)
+
+    tstate = TransformState(sqlite_store)
+    for v in tstate.versions(stream.name):
+        frame = read_current(spark, sqlite_store, lake, stream.name, v.version)
+        assert _snapshot_rows(frame) == recorded[v.version], f"version {v.version}"
+        assert frame.count() == v.rows, f"version {v.version}: rows {v.rows}"
+        _typed_columns_are_the_json(frame, v.doc_schema)
+
+
+def test_a_document_field_named_like_the_merges_helper_column_survives_deltas_and_compaction(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_one({"_id": 1, "_rank": 7})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    coll.insert_one({"_id": 2, "_rank": 9})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+
+    def ranks() -> list:
+        frame = read_current(spark, sqlite_store, lake, stream.name)
+        assert "_rank" in frame.columns, frame.columns
+        return sorted(r["_rank"] for r in frame.collect())
+
+    assert ranks() == [7, 9]
+    assert compact(spark, sqlite_store, lake, stream).version == 3
+    assert ranks() == [7, 9]
+
+
+def test_a_delta_of_late_events_that_all_lose_reads_back_and_counts(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    before_start = cluster_time(client)
+    coll.insert_many([{"_id": 1, "v": "old"}, {"_id": 2, "v": "old"}])  # before the stream
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.update_many({}, {"$set": {"v": "new"}})
+    coll.delete_one({"_id": 2})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    late = capture_events(raw_client, db_name, "orders", before_start, 2)  # the two inserts
+    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
+    result = transform(spark, sqlite_store, lake, stream)
+    assert (result.kind, result.changes_added) == ("delta", 2)
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+        raw_client, db_name, "orders"
+    )
+    _rows_match(spark, sqlite_store, lake, stream)
+    compact(spark, sqlite_store, lake, stream)
+    _rows_match(spark, sqlite_store, lake, stream)
+
+
+class _Die(Exception):
+    pass
+
+
+def _die() -> None:
+    raise _Die
+
+
+def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event_once(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    from jobs.ops import collect_garbage
+    from jobs.transform import read_changes
+
+    coll = client[db_name]["orders"]
+    stream = make_stream(keep_versions=1)
+    drain(stream, raw_client, sqlite_store, lake)
+    drained = 0
+    for round_ in range(3):
+        coll.insert_many([{"_id": f"{round_}-{i}", "n": i} for i in range(4)])
+        coll.delete_one({"_id": f"{round_}-0"})
+        if round_:
+            coll.update_one({"_id": f"{round_ - 1}-1"}, {"$set": {"n": "s"}})
+        drained += drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+        with pytest.raises(_Die):
+            transform(spark, sqlite_store, lake, stream, before_commit=_die)
+        collect_garbage(lake, sqlite_store, min_age_seconds=0)
+        transform(spark, sqlite_store, lake, stream)
+        if round_:  # a delta to compact
+            with pytest.raises(_Die):
+                compact(spark, sqlite_store, lake, stream, before_commit=_die)
+            collect_garbage(lake, sqlite_store, min_age_seconds=0)
+            assert compact(spark, sqlite_store, lake, stream).version is not None
+        collect_garbage(lake, sqlite_store, min_age_seconds=0)
+        changes = read_changes(spark, sqlite_store, lake, stream.name)
+        assert changes.count() == drained
+        assert changes.select("event_id").distinct().count() == drained
+        assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == (
+            source_state(raw_client, db_name, "orders")
+        )
+        _rows_match(spark, sqlite_store, lake, stream)
+    names = set(data_directories(lake / "curated" / stream.name / "current"))
+    kept = {v.path.rsplit("/", 1)[-1] for v in TransformState(sqlite_store).versions(stream.name)}
+    assert names == kept  # the dead attempts' directories are gone
+
+
+def test_a_resnapshot_after_deltas_then_late_events_matches_the_source(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    before_start = cluster_time(client)
+    coll.insert_many([{"_id": 100, "v": 1}, {"_id": 101, "v": 1}])
+    coll.delete_one({"_id": 100})  # before the stream: only the resnapshot knows 101
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_many([{"_id": i, "v": i} for i in range(4)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    coll.delete_one({"_id": 1})
+    coll.update_one({"_id": 2}, {"$set": {"v": "two"}})
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    coll.insert_one({"_id": 5})
+    coll.delete_one({"_id": 3})
+    drain(stream, raw_client, sqlite_store, lake, resnapshot=True)
+    coll.update_one({"_id": 5}, {"$set": {"v": 5}})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    late = capture_events(raw_client, db_name, "orders", before_start, 3)  # 100, 101, delete 100
+    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
+    transform(spark, sqlite_store, lake, stream)
+    compact(spark, sqlite_store, lake, stream)
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+        raw_client, db_name, "orders"
+    )
+    _rows_match(spark, sqlite_store, lake, stream)
+
+
+def test_setting_a_numeric_field_to_null_in_a_later_run_keeps_its_type(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    coll = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_many([{"_id": 1, "n": 5}, {"_id": 2, "n": 6}])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    coll.update_one({"_id": 2}, {"$set": {"n": None}})  # no type change: a null
+    drain(stream, raw_client, sqlite_store, lake)
+    result = transform(spark, sqlite_store, lake, stream)
+    assert result.schema["widened"] == []
+    # One run with both documents (a backfill) types `n` as bigint: so must the runs.
+    assert dict(read_current(spark, sqlite_store, lake, stream.name).dtypes)["n"] == "bigint"
+
+
+def test_a_first_load_with_each_key_once_counts_its_tombstones_apart(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """A first run whose keys are each once is written straight from the change log (no
+    shuffle): its row counts come from the key census, tombstones apart from documents."""
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": n, "v": n} for n in range(5)])  # before the stream
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_many([{"_id": n, "v": n} for n in range(10, 14)])
+    coll.delete_many({"_id": {"$in": [0, 1]}})  # keys seen once each: two tombstones
+    coll.update_one({"_id": 2}, {"$set": {"v": "new"}})
+    drain(stream, raw_client, sqlite_store, lake)
+    result = transform(spark, sqlite_store, lake, stream)
+    assert (result.kind, result.rows) == ("base", 5)  # 10-13 and 2; 0 and 1 are tombstones
+    version = TransformState(sqlite_store).latest_version(stream.name)
+    assert version is not None and version.written_rows == 7
+    # 3 and 4 predate the stream and never changed: the stream cannot know them.
+    source = source_state(raw_client, db_name, "orders")
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == {
+        key: doc for key, doc in source.items() if '"3"' not in key and '"4"' not in key
+    }
+    _rows_match(spark, sqlite_store, lake, stream)
