@@ -9,7 +9,7 @@ import bson
 import pytest
 from sqlalchemy import update
 
-import jobs.transform.versions as transform_module
+import jobs.transform.apply as transform_module
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import compact, read_current, transform
