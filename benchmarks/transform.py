@@ -1,32 +1,37 @@
-"""Transform benchmark: the Spark transform's cost against the size of the change, not the table.
+"""Transform benchmark: what a `tidemark transform` costs against the size of its change.
 
-    .venv/bin/python -m benchmarks.transform    # 1M documents; 10k, 100k, 1M changes; compaction
-    .venv/bin/python -m benchmarks.transform --documents 3000 --changes 100 500 3000  # smoke
+    .venv/bin/python -m benchmarks.transform      # 1M documents; 1k, 10k, 100k changes
+    .venv/bin/python -m benchmarks.transform --documents 3000 --changes 100 1000  # smoke
 
-Loads `--documents` inserts (the first run writes the base of `current`), then for each of
-`--changes` writes that many updates of random documents, drains them, and times the
-transform alone; then times a compaction of everything since the base. Each step is
-measured with the SparkSession already up (its start is reported apart), and reports the
-Spark jobs it launched and the bytes it wrote. A second table says where each run's time
-went (the transform's own phase clocks). Prints markdown.
+The production shape: a long-lived Spark Connect server (`tidemark spark start`, the default
+2 GB driver) and each run a whole `tidemark transform` process, timed from its start to its
+exit. One collection of ~0.7 KB documents: `--documents` inserts (the first load), then for
+each of `--changes` that many updates of random documents. Each step runs once, then `--warm`
+more times from the same state (the state store and the curated tables copied back), so the
+table gives the first run and the warm median. A quiet run (nothing new) is timed too.
 
-Each step then runs `--warm` more times from the same state (the state store restored from a
-copy taken before the step; the lake's earlier attempts are left as orphans): the first run
-of a query shape pays the JVM's compilation of Spark's code for it, which a long-lived Spark
-(`tidemark spark start`) pays once, so the table gives both the first run and the median of
-the warm ones.
+Beside them, on the same Spark and in the same sitting, the anchor: a plain full recompute of
+`current` from the `changes` tables (the newest event per key, typed columns, written as a new
+Delta table). Each row reports the Spark jobs the server ran (its REST API) and the bytes
+written to the lake. Last, `current`'s bytes per document against the typed columns alone.
+Prints markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,44 +39,60 @@ from pymongo import MongoClient, UpdateOne
 
 from benchmarks.drain import document
 from jobs.capture import drain_until_caught_up
-from jobs.transform import compact, transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from resources.spark import SparkConfig, spark_session, stop_if_created
-from state import StateStore
+from resources.spark_server import start_server, stop_server
+from state import StateStore, TransformState
 from tidemark.config import StreamConfig
 
-UNBOUNDED = {"max_events": None, "max_bytes": None, "max_seconds": None}
+STREAMS = """streams:
+  - name: bench
+    database: bench
+    collection: orders
+    keep_versions: 100
+    budget: {max_events: null, max_bytes: null, max_seconds: null}
+"""
 
 
 @dataclass
 class Step:
     label: str
     changes: int
-    rows: int | None
-    seconds: float  # the first run
-    jobs: int
-    bytes_written: int
-    phases: dict[str, float]  # of the last run
-    warm: list[float]  # the repeats' seconds
+    seconds: float  # the first run, whole process
+    warm: list[float] = field(default_factory=list)
+    jobs: int = 0
+    bytes_written: int = 0
+    rows: int | None = None
 
 
-class _Store:
-    """The benchmark's state store, which a step can copy and put back to run again."""
+class _Home:
+    """A Tidemark home (streams file, SQLite state, lake) a step can copy and put back."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.copy = path, path.with_suffix(".before-step")
-        self.store = StateStore(f"sqlite:///{path}")
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "streams.yaml").write_text(STREAMS)
+        self.state = root / "state.db"
+        self.lake = root / "lake"
+        self.saved = root.parent / "saved"
+        self.store = StateStore(f"sqlite:///{self.state}")
 
     def keep(self) -> None:
-        _backup(self.path, self.copy)
+        shutil.rmtree(self.saved, ignore_errors=True)
+        self.saved.mkdir()
+        _backup(self.state, self.saved / "state.db")
+        if (self.lake / "curated").exists():
+            shutil.copytree(self.lake / "curated", self.saved / "curated")
 
     def restore(self) -> None:
         self.store.close()
         for suffix in ("", "-wal", "-shm"):
-            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-        _backup(self.copy, self.path)
-        self.store = StateStore(f"sqlite:///{self.path}")
+            Path(f"{self.state}{suffix}").unlink(missing_ok=True)
+        _backup(self.saved / "state.db", self.state)
+        self.store = StateStore(f"sqlite:///{self.state}")
+        shutil.rmtree(self.lake / "curated", ignore_errors=True)
+        if (self.saved / "curated").exists():
+            shutil.copytree(self.saved / "curated", self.lake / "curated")
 
 
 def _backup(source: Path, target: Path) -> None:
@@ -82,6 +103,43 @@ def _backup(source: Path, target: Path) -> None:
     finally:
         dst.close()
         src.close()
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TIDEMARK_HOME": str(self.root),
+            "TIDEMARK_CONFIG": str(self.root / "streams.yaml"),
+        }
+
+
+def _curated_bytes(lake: Path) -> int:
+    return sum(p.stat().st_size for p in (lake / "curated").rglob("*") if p.is_file())
+
+
+def _jobs(ui: str) -> int:
+    """Jobs the Connect server's driver has run so far (its REST API)."""
+    try:
+        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=5) as r:
+            app = json.load(r)[0]["id"]
+        with urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/jobs", timeout=5) as r:
+            return len(json.load(r))
+    except OSError:
+        return -1
+
+
+def _cli_transform(home: _Home) -> tuple[float, str]:
+    started = time.perf_counter()
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "tidemark"), "transform", "bench"],
+        env=home.env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(done.stdout[-2000:] + done.stderr[-3000:])
+    return seconds, done.stdout
 
 
 def _updates(client: MongoClient, count: int, documents: int, rng: random.Random) -> None:
@@ -99,73 +157,69 @@ def _updates(client: MongoClient, count: int, documents: int, rng: random.Random
         )
 
 
-def _lake_bytes(lake: Path) -> int:
-    return sum(p.stat().st_size for p in (lake / "curated").rglob("*") if p.is_file())
+def _recompute(spark: Any, home: _Home, store: StateStore, target: Path) -> None:
+    """The anchor: `current` from scratch out of the change log, on the same Spark."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    tables = TransformState(home.store).tables("bench")
+    changes = [t for t in tables if t.kind == "changes"]
+    current = next(t for t in tables if t.kind == "current")
+    fields = json.loads(current.doc_schema)
+    from pyspark.sql.types import StructType
+
+    schema = StructType.fromJson(fields)
+    path = home.lake / changes[0].path
+    if not path.exists():
+        found = sorted(str(p) for p in (home.lake / "curated").rglob("*") if p.is_dir())
+        raise RuntimeError(f"{path} missing; have {found[:30]}")
+    events = spark.read.format("delta").load(str(path))
+    newest = Window.partitionBy("document_key").orderBy(F.col("event_id").desc())
+    latest = (
+        events.where(F.col("document_key").isNotNull())
+        .withColumn("rn", F.row_number().over(newest))
+        .where((F.col("rn") == 1) & (F.col("operation_type") != "delete"))
+    )
+    parsed = F.from_json("full_document", schema)
+    typed = latest.select(
+        F.col("document_key").alias("_tm_key"),
+        F.col("full_document").alias("_tm_document"),
+        "event_id",
+        *(parsed.getField(f.name).alias(f.name) for f in schema.fields),
+    )
+    typed.write.format("delta").mode("overwrite").save(str(target))
 
 
-class _Meter:
-    """Spark jobs (the classic session's status tracker) and curated bytes of one step."""
-
-    def __init__(self, spark: Any, lake: Path) -> None:
-        self.spark, self.lake, self.group = spark, lake, 0
-
-    def __enter__(self) -> _Meter:
-        self.group += 1
-        self.spark.sparkContext.setJobGroup(f"step-{self.group}", "benchmark step")
-        self.bytes_before = _lake_bytes(self.lake)
-        self.started = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.started
-        tracker = self.spark.sparkContext.statusTracker()
-        self.jobs = len(tracker.getJobIdsForGroup(f"step-{self.group}"))
-        self.bytes_written = _lake_bytes(self.lake) - self.bytes_before
+def _table_bytes(spark: Any, path: Path) -> tuple[int, int]:
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    return int(detail["sizeInBytes"]), int(detail["numFiles"])
 
 
 def run(args: argparse.Namespace) -> str:
     steps: list[Step] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tidemark-bench-") as work:
         biggest = max(args.changes, default=0)
         oplog_mb = max(1024, int((args.documents + biggest) * args.doc_kb * 2.5 / 1024) + 512)
         mongod = start_mongod(Path(work) / "data", oplog_size_mb=oplog_mb)
+        (Path(work) / "home").mkdir()
+        home = _Home(Path(work) / "home")
         client = MongoClient(mongod.uri, tz_aware=True)
         raw = connect(mongod.uri, raw=True)
-        state = _Store(Path(work) / "state.db")
-        lake = Path(work) / "lake"
         stream = StreamConfig(
             name="bench",
             database="bench",
             collection="orders",
-            budget=UNBOUNDED,
+            budget={"max_events": None, "max_bytes": None, "max_seconds": None},
             keep_versions=100,
-            compaction={"delta_ratio": 100.0, "max_deltas": 100},  # the benchmark compacts
         )
         started = time.perf_counter()
-        spark, created = spark_session(SparkConfig(master=args.master, driver_memory="4g"))
-        spark.range(1).count()
-        jvm_seconds = time.perf_counter() - started
-        meter = _Meter(spark, lake)
-
-        def timed(label: str, changes: int, work: Any) -> tuple[Any, Step]:
-            """`work(store)` once, then `args.warm` more times from the same state."""
-            state.keep()
-            warm: list[float] = []
-            for attempt in range(1 + args.warm):
-                if attempt:
-                    state.restore()
-                with meter:
-                    result = work(state.store)
-                if attempt:
-                    warm.append(meter.seconds)
-                else:
-                    first = (meter.seconds, meter.jobs, meter.bytes_written)
-            phases = getattr(result, "seconds", {})
-            rows = result.rows
-            return result, Step(label, changes, rows, *first, phases, warm)
-
+        server, _ = start_server(home.root, driver_memory=args.driver_memory)
+        server_seconds = time.perf_counter() - started
+        ui = "http://127.0.0.1:4040"
+        spark, created = spark_session(SparkConfig(remote=server.url))
         try:
-            drain_until_caught_up(stream, raw, state.store, lake)
+            drain_until_caught_up(stream, raw, home.store, home.lake)
             rng = random.Random(args.seed)
             filler = max(0, int(args.doc_kb * 1024) - 420)
             plan = [("load", args.documents)] + [("fold", n) for n in args.changes]
@@ -181,42 +235,95 @@ def run(args: argparse.Namespace) -> str:
                         )
                 else:
                     _updates(client, count, args.documents, rng)
-                drained = drain_until_caught_up(stream, raw, state.store, lake)
+                drained = drain_until_caught_up(stream, raw, home.store, home.lake)
                 label = (
-                    f"initial load, {count:,} documents"
+                    f"first load of {count:,} documents"
                     if kind == "load"
                     else f"{count:,} updates into {args.documents:,}"
                 )
-                result, step = timed(
-                    label, drained, lambda store: transform(spark, store, lake, stream)
-                )
-                assert result.changes_added == drained, (result, drained)
-                step.label += f" ({result.kind})" if kind != "load" else ""
+                home.keep()
+                step = Step(label, drained, 0.0)
+                for attempt in range(1 + args.warm):
+                    if attempt:
+                        home.restore()
+                    jobs, written = _jobs(ui), _curated_bytes(home.lake)
+                    seconds, _ = _cli_transform(home)
+                    if attempt:
+                        step.warm.append(seconds)
+                    else:
+                        step.seconds = seconds
+                        step.jobs = _jobs(ui) - jobs
+                        step.bytes_written = _curated_bytes(home.lake) - written
+                latest = TransformState(home.store).latest("bench")
+                step.rows = latest.rows if latest else None
                 steps.append(step)
-            print("compaction ...", file=sys.stderr, flush=True)
-            compacted, step = timed(
-                "compaction", 0, lambda store: compact(spark, store, lake, stream)
+
+            quiet = Step("a quiet run (nothing new)", 0, 0.0)
+            jobs = _jobs(ui)
+            quiet.seconds, out = _cli_transform(home)
+            quiet.warm = [_cli_transform(home)[0] for _ in range(args.warm)]
+            quiet.jobs = _jobs(ui) - jobs
+            steps.append(quiet)
+            if "nothing new" not in out:
+                notes.append(f"the quiet run printed: {out!r}")
+
+            anchor = Step("anchor: full recompute of current from changes", 0, 0.0)
+            target = Path(work) / "recomputed"
+            for attempt in range(1 + args.warm):
+                shutil.rmtree(target, ignore_errors=True)
+                jobs, clock = _jobs(ui), time.perf_counter()
+                _recompute(spark, home, home.store, target)
+                seconds = time.perf_counter() - clock
+                if attempt:
+                    anchor.warm.append(seconds)
+                else:
+                    anchor.seconds, anchor.jobs = seconds, _jobs(ui) - jobs
+            anchor.bytes_written = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+            steps.append(anchor)
+
+            current = next(
+                t for t in TransformState(home.store).tables("bench") if t.kind == "current"
             )
-            step.label = (
-                f"compaction: base + {compacted.deltas} deltas -> one base "
-                f"({compacted.rows_written:,} rows written)"
-            )
-            steps.append(step)
+            current_path = home.lake / current.path
+            size, files = _table_bytes(spark, current_path)
+            typed_path = Path(work) / "typed-only"
+            frame = spark.read.format("delta").load(str(current_path))
+            typed = [c for c in frame.columns if not c.startswith("_tm_")]
+            frame.select(*[f"`{c}`" for c in typed]).write.format("delta").save(str(typed_path))
+            typed_size, _ = _table_bytes(spark, typed_path)
+            spark.sql(f"OPTIMIZE delta.`{current_path}`").collect()
+            spark.sql(f"REORG TABLE delta.`{current_path}` APPLY (PURGE)").collect()
+            optimized, optimized_files = _table_bytes(spark, current_path)
+            rows = current.rows or 1
         finally:
             stop_if_created(spark, created)
+            stop_server(home.root)
             raw.close()
             client.close()
-            state.store.close()
+            home.store.close()
             stop_mongod(mongod)
-    return _tables(args, jvm_seconds, steps)
+    return _tables(
+        args,
+        server_seconds,
+        steps,
+        (size, files, optimized, optimized_files, typed_size, rows),
+        notes,
+    )
 
 
-def _tables(args: argparse.Namespace, jvm_seconds: float, steps: list[Step]) -> str:
+def _tables(
+    args: argparse.Namespace,
+    server_seconds: float,
+    steps: list[Step],
+    sizes: tuple[int, int, int, int, int, int],
+    notes: list[str],
+) -> str:
     warm = args.warm
     lines = [
-        f"### Spark transform (master {args.master}; documents of ~{args.doc_kb} KB; "
-        f"SparkSession start, JVM included: {jvm_seconds:.1f} s, not counted below)\n",
-        f"| work | changes | rows in current after | first run s | warm s (median of {warm}) "
+        f"### Transform (a whole `tidemark transform` process against a long-lived Spark "
+        f"Connect server, {args.driver_memory} driver; one collection of ~{args.doc_kb} KB "
+        f"documents; the server's start, {server_seconds:.1f} s, not counted)\n",
+        f"| work | events | rows in current after | first run s | warm s (median of {warm}) "
         "| Spark jobs | MB written |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -227,25 +334,26 @@ def _tables(args: argparse.Namespace, jvm_seconds: float, steps: list[Step]) -> 
             f"| {s.label} | {s.changes:,} | {rows} | {s.seconds:.1f} | {median} | {s.jobs} | "
             f"{s.bytes_written / 1e6:,.1f} |"
         )
-    phases = ["plan", "spark_session", "change_log", "current", "commit"]
+    size, files, optimized, optimized_files, typed_size, rows = sizes
     lines += [
-        "\n### Where a run's time goes (seconds, the transform's own phase clocks, last run)\n",
-        "| work | " + " | ".join(phases) + " |",
-        "|---|" + "---:|" * len(phases),
+        "\n### `current`'s bytes on disk\n",
+        "| table | files | bytes per document | x the typed columns alone |",
+        "|---|---:|---:|---:|",
+        f"| after the runs above | {files} | {size / rows:,.0f} | {size / typed_size:.2f} |",
+        f"| after OPTIMIZE and purge | {optimized_files} | {optimized / rows:,.0f} | "
+        f"{optimized / typed_size:.2f} |",
+        f"| typed columns alone (Delta, same rows) | - | {typed_size / rows:,.0f} | 1.00 |",
     ]
-    for s in steps:
-        if s.phases:
-            cells = " | ".join(f"{s.phases.get(p, 0.0):.2f}" for p in phases)
-            lines.append(f"| {s.label} | {cells} |")
+    lines += [f"\nNote: {n}" for n in notes]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
-    parser.add_argument("--changes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--doc-kb", type=float, default=0.5)
-    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--changes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--doc-kb", type=float, default=0.7)
+    parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--warm", type=int, default=2, help="repeats of each step (default 2)")
     print(run(parser.parse_args(argv)))

@@ -60,6 +60,9 @@ REMOVED_DDL = (
     "_tm_cluster_time timestamp, _tm_run int"
 )
 AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
+# Up to this many repeated keys in a segment, their winning event ids are broadcast (a few MB);
+# beyond, a window over the whole segment finds them.
+BROADCAST_KEYS = 200_000
 
 Namespace = tuple[str, str]
 
@@ -77,9 +80,15 @@ class Fold:
     """One run's fold over its stream's tables (see the module docstring)."""
 
     def __init__(
-        self, writer: RunWriter, watched: Watched, known: list[Namespace], facts: EventFacts
+        self,
+        writer: RunWriter,
+        watched: Watched,
+        known: list[Namespace],
+        facts: EventFacts,
+        run_namespaces: list[Namespace],
     ) -> None:
         self.writer = writer
+        self.run_namespaces = sorted(run_namespaces)  # the collections the run's events name
         self.spark = writer.spark
         self.watched = watched
         self.facts = facts
@@ -161,7 +170,7 @@ class Fold:
                 F.col("_tm_event_id").alias("_b_event_id"),
             )
             segment = not_cleared(segment, barriers)
-        latest = newest_per_key(segment)
+        latest, shuffled = self._newest(segment)
         if removals is not None:
             tombstones = removals.where(F.col("_tm_key").isNotNull()).select(
                 *KEY, F.col("_tm_event_id").alias("_t_event_id")
@@ -171,16 +180,45 @@ class Fold:
                 F.col("_t_event_id") > F.col("_tm_event_id")
             )
             latest = latest.join(hidden.select(*KEY), KEY, "left_anti")
-        latest = latest.localCheckpoint()
-        found = latest.select("_tm_db", "_tm_coll").distinct().collect()
-        for ns in sorted((r._tm_db, r._tm_coll) for r in found):
+        if shuffled or removals is not None or self.facts.other_keys:
+            # Held once: each collection's MERGE and the tombstones read it.
+            latest = latest.localCheckpoint()
+        for ns in self._namespaces_of(latest):
             self._reach(ns)
             in_ns = (F.col("_tm_db") == F.lit(ns[0])) & (F.col("_tm_coll") == F.lit(ns[1]))
             self._merge_rows(ns, latest.where(in_ns))
-        deletes = latest.where(F.col("_tm_deleted")).select(
-            *KEY, "_tm_event_id", "_tm_cluster_time", F.lit(self.writer.run).alias("_tm_run")
+        slot = self.writer.slot()
+        if self.facts.deletes:
+            deletes = latest.where(F.col("_tm_deleted")).select(
+                *KEY, "_tm_event_id", "_tm_cluster_time", F.lit(self.writer.run).alias("_tm_run")
+            )
+            self._merge_tombstones(deletes, slot)
+
+    def _newest(self, segment: DataFrame) -> tuple[DataFrame, bool]:
+        """The newest event of each key, and whether finding it shuffled the documents. One
+        aggregate over the key columns alone first: most runs have each key once (a load, a
+        snapshot, changes spread over many documents) and then the events are the answer;
+        the keys that repeat are few, and their winners are picked by a broadcast join."""
+        per_key = segment.groupBy(*KEY).agg(
+            F.count(F.lit(1)).alias("_n"), F.max("_tm_event_id").alias("_w")
         )
-        self._merge_tombstones(deletes)
+        repeated = per_key.where(F.col("_n") > 1).select(*KEY, "_w")
+        count = repeated.count()
+        if not count:
+            return segment, False
+        if count > BROADCAST_KEYS:
+            return newest_per_key(segment), True
+        winners = segment.join(F.broadcast(repeated), KEY, "left")
+        newest = winners.where(F.col("_w").isNull() | (F.col("_tm_event_id") == F.col("_w")))
+        return newest.drop("_w"), True
+
+    def _namespaces_of(self, latest: DataFrame) -> list[Namespace]:
+        """The collections among the rows: the run's one collection with no Spark job, else a
+        distinct over the two narrow columns."""
+        if len(self.run_namespaces) == 1:
+            return self.run_namespaces
+        found = latest.select("_tm_db", "_tm_coll").distinct().collect()
+        return sorted((r._tm_db, r._tm_coll) for r in found)
 
     # -- current -------------------------------------------------------------------------
 
@@ -235,8 +273,7 @@ class Fold:
 
     # -- removed -------------------------------------------------------------------------
 
-    def _merge_tombstones(self, deletes: DataFrame) -> None:
-        slot = self.writer.slot()
+    def _merge_tombstones(self, deletes: DataFrame, slot: int) -> None:
         path = self._removed()
         if not is_table(path):
             self.writer.create(deletes, path, REMOVED_PROPERTIES, slot)
@@ -330,6 +367,11 @@ def _only_adds(old: DataType, new: DataType | None) -> bool:
     return False
 
 
-def folds_namespace_events(batches: list[Any]) -> bool:
-    """True when a batch holds a namespace event (the manifest counts events by type)."""
-    return any(b.events_by_type.get(op) for b in batches for op in NAMESPACE_OPERATIONS)
+def may_hold(batches: list[Any], operations: list[str]) -> bool:
+    """True when a batch may hold an event of `operations`: the manifest counts each batch's
+    events by type (a batch with events but no counts might hold any)."""
+    return any(
+        (b.event_count and not b.events_by_type)
+        or any(b.events_by_type.get(op) for op in operations)
+        for b in batches
+    )

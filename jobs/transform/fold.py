@@ -74,7 +74,7 @@ class EventFacts:
     plain_json: bool = False  # every event row carries its document's plain JSON (`_tm_json`)
     namespace_events: bool = True  # a namespace event may be among them
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
-    unique_keys: bool = False  # no document key occurs twice among them (`key_census`)
+    deletes: bool = True  # a delete may be among them
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from pyspark.sql import SparkSession
 from jobs.curated_zone import changes_dir, curated, current_dir
 from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
-from jobs.transform.apply import Fold, Folded, folds_namespace_events
+from jobs.transform.apply import Fold, Folded, may_hold
 from jobs.transform.change_log import NewEvents, log_new_events
 from jobs.transform.delta_io import RunWriter, is_table, table_version
-from jobs.transform.fold import EventFacts, Watched
+from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched
 from resources.spark import spark_failures
 from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
@@ -199,11 +199,13 @@ def _fold(
     known = [(t.db, t.coll) for t in tstate.tables(stream.name) if t.kind == "current"]
     facts = EventFacts(
         plain_json=True,
-        namespace_events=folds_namespace_events(batches),
+        namespace_events=may_hold(batches, NAMESPACE_OPERATIONS),
         other_keys=new.other_keys,
+        deletes=may_hold(batches, ["delete"]),
     )
     watched = Watched(stream.database, stream.collection)
-    return Fold(writer, watched, known, facts).run(new.frame, repeat)
+    collections = [(db, coll) for db, coll in new.namespaces if db is not None and coll is not None]
+    return Fold(writer, watched, known, facts, collections).run(new.frame, repeat)
 
 
 def _table_records(
