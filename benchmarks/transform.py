@@ -94,6 +94,13 @@ class _Home:
         if (self.saved / "curated").exists():
             shutil.copytree(self.saved / "curated", self.lake / "curated")
 
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TIDEMARK_HOME": str(self.root),
+            "TIDEMARK_CONFIG": str(self.root / "streams.yaml"),
+        }
+
 
 def _backup(source: Path, target: Path) -> None:
     """A consistent copy of a SQLite database (its write-ahead log included)."""
@@ -214,9 +221,11 @@ def run(args: argparse.Namespace) -> str:
             keep_versions=100,
         )
         started = time.perf_counter()
-        server, _ = start_server(home.root, driver_memory=args.driver_memory)
+        # The UI's REST API counts the jobs each step ran (Tidemark's server has no UI).
+        ui_conf = {"spark.ui.enabled": "true", "spark.ui.port": "4047"}
+        server, _ = start_server(home.root, driver_memory=args.driver_memory, conf=ui_conf)
         server_seconds = time.perf_counter() - started
-        ui = "http://127.0.0.1:4040"
+        ui = "http://127.0.0.1:4047"
         spark, created = spark_session(SparkConfig(remote=server.url))
         try:
             drain_until_caught_up(stream, raw, home.store, home.lake)

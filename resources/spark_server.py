@@ -117,6 +117,7 @@ def start_server(
     driver_memory: str = "2g",
     master: str = "local[*]",
     timeout: float = 120.0,
+    conf: dict[str, str] | None = None,
 ) -> tuple[ConnectServer, bool]:
     """The home's server, started when none runs, once it answers a query; True when this
     call started it. Without `port`, the last one used, else 15002, else a free one."""
@@ -134,7 +135,7 @@ def start_server(
             server, started = saved, False  # launched by a `start` that was interrupted
         else:
             check_java()
-            server = _launch(home, port or _default_port(saved), driver_memory, master)
+            server = _launch(home, port or _default_port(saved), driver_memory, master, conf)
             started = True
         try:
             _wait_ready(server, timeout)
@@ -170,11 +171,13 @@ def _default_port(saved: ConnectServer | None) -> int:
     return free_port(HOST)
 
 
-def _launch(home: Path, port: int, driver_memory: str, master: str) -> ConnectServer:
+def _launch(
+    home: Path, port: int, driver_memory: str, master: str, conf: dict[str, str] | None = None
+) -> ConnectServer:
     import pyspark
 
     spark = spark_home()
-    config = SparkConfig(master=master, driver_memory=driver_memory)
+    config = SparkConfig(master=master, driver_memory=driver_memory, conf=conf or {})
     directory = server_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
     orphan = _read_pid(home)

@@ -17,6 +17,7 @@ session settings, no `DeltaTable` API (Delta's Connect plugin is not published).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,6 +52,34 @@ def table_ref(path: Path) -> str:
 
 def is_table(path: Path) -> bool:
     return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
+
+
+def table_rows(path: Path, since: int, rows: int) -> tuple[int, int]:
+    """The table's newest version and its rows, from `rows` at version `since` (-1: none) and
+    the row counts Delta records in each later commit (`operationMetrics`): no Spark job, and
+    exact for commits a killed attempt made too."""
+    newest = table_version(path)
+    for version in range(since + 1, newest + 1):
+        info = _commit_info(path / "_delta_log" / f"{version:020d}.json")
+        metrics = {k: int(v) for k, v in info.get("operationMetrics", {}).items() if v.isdigit()}
+        operation = info.get("operation", "")
+        mode = info.get("operationParameters", {}).get("mode", "")
+        if operation in ("WRITE", "CREATE TABLE AS SELECT"):
+            written = metrics.get("numOutputRows", 0)
+            rows = rows + written if mode == "Append" else written
+        elif operation == "MERGE":
+            rows += metrics.get("numTargetRowsInserted", 0)
+            rows -= metrics.get("numTargetRowsDeleted", 0)
+        elif operation == "DELETE":
+            rows -= metrics.get("numDeletedRows", 0)
+    return newest, rows
+
+
+def _commit_info(commit: Path) -> dict[str, Any]:
+    for line in commit.read_text().splitlines():
+        if '"commitInfo"' in line:
+            return json.loads(line)["commitInfo"]
+    return {}
 
 
 def table_version(path: Path) -> int:

@@ -33,11 +33,12 @@ from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
 from jobs.transform.apply import Fold, Folded, may_hold
 from jobs.transform.change_log import NewEvents, log_new_events
-from jobs.transform.delta_io import RunWriter, is_table, table_version
+from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched
 from resources.spark import spark_failures
 from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
+from state.records import TableKind
 from tidemark.config import StreamConfig
 from tidemark.errors import CurrentTableBehind, LegacyCuratedZone
 
@@ -215,29 +216,28 @@ def _table_records(
     folded: Folded,
     new: NewEvents | None,
 ) -> list[CuratedTable]:
-    """The Delta version and size of every table the run changed, read from the tables."""
-    spark, lake = writer.spark, writer.lake_root
+    """The Delta version and rows of every table the run changed, from the tables' logs
+    (`delta_io.table_rows`: no Spark job)."""
+    lake = writer.lake_root
+    before = {(t.db, t.coll, t.kind): t for t in tstate.tables(stream)}
+
+    def record(db: str, coll: str, kind: TableKind, path: Path, schema: str) -> CuratedTable:
+        last = before.get((db, coll, kind))
+        since = last.delta_version if last else -1
+        version, rows = table_rows(path, since, last.rows if last else 0)
+        return CuratedTable(
+            stream, writer.run, db, coll, kind, relative(lake, path), version, rows, schema
+        )
+
     records = []
     for db, coll in new.namespaces if new is not None else []:
-        path = changes_dir(lake, stream, db, coll)
-        rows = spark.read.format("delta").load(str(path)).count()
         records.append(
-            CuratedTable(
-                stream, writer.run, db or "", coll or "", "changes", relative(lake, path),
-                table_version(path), rows,
-            )
-        )  # fmt: skip
+            record(db or "", coll or "", "changes", changes_dir(lake, stream, db, coll), "")
+        )
     for (db, coll), schema in sorted(folded.tables.items()):
         path = current_dir(lake, stream, db, coll)
-        if not is_table(path):
-            continue
-        rows = spark.read.format("delta").load(str(path)).count()
-        records.append(
-            CuratedTable(
-                stream, writer.run, db, coll, "current", relative(lake, path),
-                table_version(path), rows, schema.json(),
-            )
-        )  # fmt: skip
+        if is_table(path):
+            records.append(record(db, coll, "current", path, schema.json()))
     return records
 
 
