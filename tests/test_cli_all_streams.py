@@ -126,8 +126,12 @@ def test_status_and_tables_json(env, spark, monkeypatch, client, db_name, capsys
     tables = {(t["stream"], t["table"]): t for t in json.loads(capsys.readouterr().out)["tables"]}
     assert set(tables) == {("good", "changes"), ("good", "current")}  # broken: no table yet
     current = tables[("good", "current")]
-    assert current["version"] == 1 and current["rows"] == 11
-    assert current["committed_at"].endswith("Z") and Path(current["manifest"]).exists()
+    assert current["run"] == 1 and current["rows"] == 11 and current["format"] == "delta"
+    assert (current["db"], current["collection"]) == (db_name, "good")
+    location = Path(current["location"])
+    assert current["committed_at"].endswith("Z") and (location / "_delta_log").is_dir()
+    frame = spark.read.format("delta").option("versionAsOf", current["delta_version"])
+    assert frame.load(str(location)).count() == 11
     assert {"name": "name", "type": "string"} in current["columns"]
     assert tables[("good", "changes")]["rows"] == 11
 
