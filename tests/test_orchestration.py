@@ -270,7 +270,8 @@ def test_backfill_of_three_partitions_yields_exactly_their_events(
     changes_count = (
         resources["spark"]
         .session()
-        .read.parquet(str(lake / "curated" / "orders" / "changes"))
+        .read.format("delta")
+        .load(str(lake / "curated" / "orders" / db_name / "orders" / "changes"))
         .count()
     )
     assert changes_count == replayed.num_rows
