@@ -95,8 +95,9 @@ def tables(store: StateStore, lake_root: Path, stream: str, **_: Any) -> list[Ta
 def stream_table(
     store: StateStore, lake_root: Path, stream: str, table: TableName
 ) -> TableState | None:
-    """The stream's `table` over all its collections: rows summed, the columns of its one
-    collection (or of none, with `_tm_db` and `_tm_coll`, when there are several)."""
+    """The stream's `table` over all its collections: rows summed, the columns and Delta path
+    of its one collection (or, when there are several, the shared columns with `_tm_db` and
+    `_tm_coll`, and the stream's curated directory)."""
     parts = [t for t in tables(store, lake_root, stream) if t.table == table]
     if not parts:
         return None
@@ -108,7 +109,7 @@ def stream_table(
         version=max(t.run or 0 for t in parts),
         rows=sum(t.rows for t in parts),
         committed_at=newest.committed_at,
-        location=curated(lake_root, stream),
+        location=parts[0].location if len(parts) == 1 else curated(lake_root, stream),
         columns=columns,
         collections=parts,
     )

@@ -61,7 +61,7 @@ def test_transform_benchmark_smoke():
     )
     assert "warm s (median of 1)" in out
     assert "| initial load, 2,000 documents | 2,000 | 2,000 |" in out
-    assert "| 300 updates into 2,000 (delta) | 300 | 2,000 |" in out
-    assert "| 2,000 updates into 2,000 (delta) | 2,000 | 2,000 |" in out
+    assert "| 300 updates into 2,000 (merge) | 300 | 2,000 |" in out
+    assert "| 2,000 updates into 2,000 (merge) | 2,000 | 2,000 |" in out
     assert "compaction: base + 2 deltas -> one base" in out
     assert "Where a run's time goes" in out

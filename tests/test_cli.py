@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from resources.spark import spark_session
 from state import StateStore
 from tests.helpers.cli_env import cli_environment
 from tidemark.cli.commands import main
@@ -67,17 +68,23 @@ def test_reset_to_the_future_is_refused(env, capsys):
     assert "in the future" in capsys.readouterr().err
 
 
-def test_gc_reports_removed_orphans(env, capsys):
+def test_gc_reports_removed_orphans(env, monkeypatch, capsys):
+    # A classic master: Connect mode, once set, would hold for the rest of the test process.
+    monkeypatch.setenv("TIDEMARK_SPARK_MASTER", "local[2]")
     orphan = Path(env["lake"]) / "raw" / "orders" / "date=2026-01-01" / "hour=00" / "o.parquet"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"x")
-    dead_run = Path(env["lake"]) / "curated" / "orders" / "current" / "v=000001-dead"
-    dead_run.mkdir(parents=True)  # a transform attempt that died before its commit
+
+    def no_spark(config):
+        raise AssertionError("gc of a stream with no curated table asked for Spark")
+
+    monkeypatch.setattr("tidemark.cli.curated.spark_session", no_spark)
     assert main(["gc", "--min-age", "0"]) == 0
-    assert not orphan.exists() and not dead_run.exists()
+    assert not orphan.exists()
     out = capsys.readouterr().out
-    assert "curated dirs removed" in out
-    assert [c.strip() for c in out.splitlines()[-1].split()][:3] == ["orders", "1", "1"]
+    assert "Delta files vacuumed" in out
+    # raw files removed, Delta files vacuumed ("-": nothing to vacuum), kept as too young
+    assert [c.strip() for c in out.splitlines()[-1].split()][:4] == ["orders", "1", "-", "0"]
 
 
 def test_errors_are_one_message_not_a_traceback(env, monkeypatch, capsys):
@@ -108,7 +115,7 @@ def test_transform_then_tables_without_dagster(env, spark, monkeypatch, client, 
     capsys.readouterr()
     assert main(["transform", "orders"]) == 0
     row = capsys.readouterr().out.splitlines()[-1].split()
-    assert row[:6] == ["orders", "1", "20", "20", "1", "(base)"]
+    assert row[:6] == ["orders", "1", "20", "20", "1", "(merge)"]
 
     def no_spark(config):
         raise AssertionError("a transform with nothing new asked for Spark")
@@ -117,16 +124,31 @@ def test_transform_then_tables_without_dagster(env, spark, monkeypatch, client, 
     assert main(["transform", "--all"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("nothing new")
 
-    manifest = Path(env["lake"]) / "curated" / "orders" / "current" / "_tidemark_table.json"
-    manifest.unlink()  # as if the run had died between its commit and the manifest
     assert main(["tables"]) == 0
     out = capsys.readouterr().out
-    current = next(line for line in out.splitlines() if line.startswith("orders  current"))
-    assert current.split()[2:4] == ["1", "20"] and str(manifest) in current
+    current = next(
+        line for line in out.splitlines() if line.startswith("orders ") and " current " in line
+    )
+    path = Path(env["lake"]) / "curated" / "orders" / db_name / "orders" / "current"
+    name, coll, table, delta_version, rows, run, shown = current.split()[:7]
+    assert (name, coll, table, rows, run, shown) == (
+        "orders",
+        f"{db_name}.orders",
+        "current",
+        "20",
+        "1",
+        str(path),
+    )
     assert current.endswith("3: _id bigint, name string, qty bigint")
-    assert "orders  changes" in out
-    assert "Rewrote the stale manifest of orders/current (version 1)" in out
-    assert manifest.exists()
+    # The path is a plain Delta table: any engine reads it, at the version the CLI names.
+    frame = spark.read.format("delta").option("versionAsOf", int(delta_version)).load(str(path))
+    assert frame.count() == 20
+    changes = next(line for line in out.splitlines() if " changes " in line)
+    assert changes.split()[4] == "20"
+    monkeypatch.setattr("tidemark.cli.curated.spark_session", spark_session)
+    assert main(["gc", "--min-age", "0"]) == 0  # VACUUM keeps what the kept versions read
+    assert capsys.readouterr().out.splitlines()[-1].split()[:2] == ["orders", "0"]
+    assert spark.read.format("delta").load(str(path)).count() == 20
 
     store = StateStore(env["state_url"])
     lease = store.acquire_lease("transform:orders", timedelta(minutes=5))  # a running transform

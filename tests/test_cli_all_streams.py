@@ -4,6 +4,8 @@ the CLI finds the home `make` uses, and `status --json` / `tables --json` for sc
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -126,8 +128,12 @@ def test_status_and_tables_json(env, spark, monkeypatch, client, db_name, capsys
     tables = {(t["stream"], t["table"]): t for t in json.loads(capsys.readouterr().out)["tables"]}
     assert set(tables) == {("good", "changes"), ("good", "current")}  # broken: no table yet
     current = tables[("good", "current")]
-    assert current["version"] == 1 and current["rows"] == 11
-    assert current["committed_at"].endswith("Z") and Path(current["manifest"]).exists()
+    assert current["run"] == 1 and current["rows"] == 11 and current["format"] == "delta"
+    assert (current["db"], current["collection"]) == (db_name, "good")
+    location = Path(current["location"])
+    assert current["committed_at"].endswith("Z") and (location / "_delta_log").is_dir()
+    frame = spark.read.format("delta").option("versionAsOf", current["delta_version"])
+    assert frame.load(str(location)).count() == 11
     assert {"name": "name", "type": "string"} in current["columns"]
     assert tables[("good", "changes")]["rows"] == 11
 
@@ -178,3 +184,19 @@ def test_the_cli_names_the_home_on_its_first_line(monkeypatch, tmp_path, capsys)
     first = captured.err.splitlines()[0]
     assert first.startswith(f"tidemark: Tidemark home: {checkout / '.tidemark'}"), captured.err
     assert "not running" in captured.out
+
+
+@pytest.mark.fast
+def test_the_cli_imports_no_transform_before_it_chooses_the_spark_mode():
+    """The transform defines its UDFs for the Spark mode the process is in when it is imported
+    (resources.spark.prepare_connect_mode): the CLI may import it only after choosing classic
+    or Connect, or every Connect run fails with SESSION_OR_CONTEXT_NOT_EXISTS."""
+    probe = (
+        "import sys, tidemark.cli.commands; "
+        "print(sorted(m for m in sys.modules if m.startswith('jobs.transform')))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

@@ -179,7 +179,7 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
     coll = client[db_name]["orders"]
     assert sync.execute_in_process(instance=instance).success  # starts the stream
     coll.insert_many([{"_id": i, "v": 0} for i in range(20)])
-    assert sync.execute_in_process(instance=instance).success  # version 1: a base
+    assert sync.execute_in_process(instance=instance).success  # run 1: the first load
 
     def requests() -> list[str | None]:
         state = {"state": resources["state"]}
@@ -188,10 +188,10 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
 
     assert requests() == []
     coll.update_many({"_id": {"$lt": 6}}, {"$set": {"v": 1}})
-    assert sync.execute_in_process(instance=instance).success  # version 2: a delta of 6 rows
+    assert sync.execute_in_process(instance=instance).success  # run 2: a merge of 6 rows
     assert requests() == []  # 6 delta rows < 0.5 x 20
     coll.update_many({"_id": {"$gte": 14}}, {"$set": {"v": 2}})
-    assert sync.execute_in_process(instance=instance).success  # version 3: 12 rows >= 10
+    assert sync.execute_in_process(instance=instance).success  # run 3: 12 rows >= 10
     assert requests() == ["v3"]
 
     compaction = defs.resolve_job_def("orders_compact").execute_in_process(instance=instance)
@@ -204,7 +204,10 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
     assert observed.asset_key.to_user_string() == "orders/current"
     assert observed.metadata["deltas_compacted"].value == 2
     assert observed.metadata["version"].value == 4 and observed.metadata["rows"].value == 20
-    assert requests() == []  # one base again
+    assert requests() == []  # nothing merged since
+    table = resources["lake"].path / "curated" / "orders" / db_name / "orders" / "current"
+    history = resources["spark"].session().sql(f"DESCRIBE HISTORY delta.`{table}`").collect()
+    assert "OPTIMIZE" in {h.operation for h in history}, history  # Delta's own compaction
 
     def no_spark(self):
         raise AssertionError("a run with no new batches asked for Spark")
@@ -267,7 +270,8 @@ def test_backfill_of_three_partitions_yields_exactly_their_events(
     changes_count = (
         resources["spark"]
         .session()
-        .read.parquet(str(lake / "curated" / "orders" / "changes"))
+        .read.format("delta")
+        .load(str(lake / "curated" / "orders" / db_name / "orders" / "changes"))
         .count()
     )
     assert changes_count == replayed.num_rows
@@ -369,7 +373,9 @@ def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client
     assert {"name": "string", "qty": "bigint", "price": "double"}.items() <= columns.items()
     assert columns["_tm_document"] == "string" and columns["_tm_cluster_time"] == "timestamp"
     assert current["dagster/row_count"] == 12 and current["version"] == 1
-    assert current["dagster/uri"] == (lake / "curated" / "orders" / "current").as_uri()
+    table = lake / "curated" / "orders" / db_name / "orders" / "current"
+    assert current["dagster/uri"] == table.as_uri() and current["format"] == "delta"
+    assert current["collections"] == 1 and f"`{table}`" in current["tables"]
 
     changes = _metadata_of(run, "changes")
     change_columns = {c.name for c in changes["dagster/column_schema"].columns}

@@ -12,6 +12,7 @@ from sqlalchemy import update
 
 from state import (
     BatchRecord,
+    CuratedTable,
     CurrentVersion,
     FileEntry,
     NewPosition,
@@ -182,22 +183,30 @@ def _run(stream: str, version: int, path: str | None, **more: Any) -> CurrentVer
     )
 
 
-def test_a_version_is_its_base_and_the_deltas_after_it(store, make_stream):
+def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, make_stream):
+    """Time travel to run N reads each collection's Delta version as of N: a table a later run
+    did not touch keeps its older record, one made later does not exist yet."""
     stream = make_stream()
     store.ensure_stream(stream)
     runs = TransformState(store)
     lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
-    shapes = [("base", 1), ("delta", 1), ("delta", 1), ("compaction", 4), ("delta", 4)]
-    for number, (kind, base) in enumerate(shapes, start=1):
-        run = _run(stream.name, number, f"current/v{number}", kind=kind, base_version=base)
-        runs.commit(lease, stream.name, number - 1 or None, run, [])
-    runs.commit(lease, stream.name, 5, _run(stream.name, 6, None), [])  # change log only
 
-    def parts(version: int) -> list[int]:
-        return [p.version for p in runs.version_parts(stream.name, version)]
+    def table(run: int, coll: str, version: int, rows: int) -> CuratedTable:
+        path = f"curated/{stream.name}/db/{coll}/current"
+        return CuratedTable(stream.name, run, "db", coll, "current", path, version, rows)
 
-    assert (parts(1), parts(3), parts(4), parts(5)) == ([1], [1, 2, 3], [4], [4, 5])
-    assert parts(6) == [] and parts(99) == []
+    touched = {1: [("a", 0, 5)], 2: [("a", 1, 6), ("b", 0, 2)], 3: [("b", 1, 3)]}
+    for number, changed in touched.items():
+        records = [table(number, *t) for t in changed]
+        run = _run(stream.name, number, f"curated/{stream.name}", kind="merge")
+        runs.commit(lease, stream.name, number - 1 or None, run, [], records)
+
+    def at(run: int | None) -> list[tuple[str, int, int, int]]:
+        return [(t.coll, t.run, t.delta_version, t.rows) for t in runs.tables(stream.name, run)]
+
+    assert at(1) == [("a", 1, 0, 5)]
+    assert at(2) == [("a", 2, 1, 6), ("b", 2, 0, 2)]
+    assert at(3) == at(None) == [("a", 2, 1, 6), ("b", 3, 1, 3)]
 
 
 def test_change_log_runs_are_found_by_their_event_id_range(store, make_stream):

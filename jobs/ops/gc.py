@@ -25,7 +25,6 @@ from typing import Any
 from jobs.capture.capture_pass import writer_leases
 from jobs.lake import SweepResult, sweep_orphans
 from jobs.raw_zone import RAW
-from jobs.transform.vacuum import vacuum
 from state import Lease, StateStore, TransformState
 from state.leases import CAPTURE_LEASE_TTL, TRANSFORM_LEASE_TTL
 from tidemark.errors import LeaseHeld, StateStoreError
@@ -68,6 +67,10 @@ def collect_garbage(
             raw = sweep_orphans(lake_root, stream, committed, min_age_seconds)
             curated = None
             if spark is not None and TransformState(store).tables(stream):
+                # Imported here: importing the transform fixes its UDFs' Spark mode, which the
+                # CLI chooses only once it runs (resources.spark.prepare_connect_mode).
+                from jobs.transform.vacuum import vacuum
+
                 curated = vacuum(spark(), store, lake_root, stream, min_age_seconds)
             sweeps.append(StreamSweep(stream, raw, curated=curated))
         finally:

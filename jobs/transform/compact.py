@@ -59,7 +59,9 @@ def delta_debt(store: StateStore, stream: str) -> DeltaDebt:
     if not runs:
         return DeltaDebt(None, 0, 0, 0)
     since = [r for r in runs if r.kind != COMPACTION]
-    last = max((r.version for r in runs if r.kind == COMPACTION), default=0)
+    # The first run's files are fresh (no deletion vector, nothing replaced): it is the base
+    # the merges after it are counted from, as a compaction is.
+    last = max((r.version for r in runs if r.kind == COMPACTION), default=runs[0].version)
     since = [r for r in since if r.version > last]
     return DeltaDebt(
         runs[-1].version, len(since), sum(r.events_folded for r in since), runs[-1].rows

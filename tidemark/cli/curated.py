@@ -120,7 +120,9 @@ def tables_command(runtime: Runtime, as_json: bool = False) -> int:
         found = tables(runtime.store, runtime.lake_root, stream.name)
         documents += [_table_json(t) for t in found]
         if not found:
-            rows.append([stream.name, "-", "-", "-", "-", "-", "no table yet: run the transform"])
+            rows.append(
+                [stream.name, "-", "-", "-", "-", "-", "-", "no table yet: run the transform"]
+            )
         for t in found:
             rows.append(
                 [

@@ -74,6 +74,7 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
                 f"{'success' if result.success else 'FAILED'}\n"
             )
             print(summary(stream.name, result))
+            print(collection_tables(runtime, stream.name))
             show_tables(spark, runtime, stream.name)
     finally:
         writer.close()
@@ -117,6 +118,18 @@ def _utc(timestamp: float) -> str:
     from datetime import UTC, datetime
 
     return f"{datetime.fromtimestamp(timestamp, UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def collection_tables(runtime: Runtime, stream: str) -> str:
+    """Per collection, its Delta tables: what any engine reads (rows, version, path)."""
+    from jobs.catalog import tables
+
+    rows = [
+        [t.name, t.table, f"{t.rows:,}", t.version, str(t.location)]
+        for t in tables(runtime.store, runtime.lake_root, stream)
+    ]
+    header = ["collection", "table", "rows", "delta version", "Delta table"]
+    return f"\n{stream}'s Delta tables:\n" + format_table(header, rows)
 
 
 def show_tables(spark: Any, runtime: Runtime, stream: str) -> None:
