@@ -203,9 +203,9 @@ def test_a_type_change_across_documents_loses_no_value(
     coll.insert_many([{"_id": 3, "v": "seven", "w": "flat"}, {"_id": 4, "v": 2.5, "w": [1]}])
     drain(stream, raw_client, sqlite_store, lake)
     result = transform(spark, sqlite_store, lake, stream)
-    assert sorted(result.schema["widened"]) == [
-        "v: bigint -> string",
-        "w: struct<a:bigint> -> string",
+    assert sorted(result.schema["widened"]) == [  # per table: "db.coll.field: from -> to"
+        f"{db_name}.orders.v: bigint -> string",
+        f"{db_name}.orders.w: struct<a:bigint> -> string",
     ]
     current = read_current(spark, sqlite_store, lake, stream.name)
     assert (dict(current.dtypes)["v"], dict(current.dtypes)["w"]) == ("string", "string")
