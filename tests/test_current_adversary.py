@@ -116,8 +116,10 @@ def _typed_columns_are_the_document(frame, schema_json: str) -> None:
     from jobs.transform.doc_columns import schema_from_json
 
     schema = schema_from_json(schema_json)
-    own = [(f.name, f.dataType) for f in frame.schema.fields if not f.name.startswith("_tm_")]
-    assert own == [(f.name, f.dataType) for f in schema.fields]
+    own = [f for f in frame.schema.fields if not f.name.startswith("_tm_")]
+    assert [(f.name, f.dataType.simpleString()) for f in own] == [
+        (f.name, f.dataType.simpleString()) for f in schema.fields
+    ]
     diff = typed_columns_differ(frame, schema)
     assert not diff, f"typed columns differ from the document: {diff[:3]}"
 
