@@ -1,4 +1,4 @@
-"""Adversarial tests of merge-on-read `current`: each fails on a real bug, passes otherwise."""
+"""Adversarial tests of the `current` Delta tables: each fails on a real bug, passes otherwise."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import compact, read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState
-from tests.helpers.lake_reading import data_directories
-from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
+from tests.helpers.lake_reading import marked_commits, newest_delta_version
+from tests.helpers.oracle import (
+    capture_events,
+    commit_raw_batch,
+    current_state,
+    removed_rows,
+    source_state,
+    typed_columns_differ,
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +29,18 @@ def spark():
 
 
 def _rows_match(spark, store, lake, stream) -> None:
-    """Invariant 4: each kept version's stored row count is what a reader counts."""
-    for v in TransformState(store).versions(stream.name):
+    """Invariant 4: each kept version's stored row count is what a reader counts, for the
+    stream and for each of its tables."""
+    tstate = TransformState(store)
+    for v in tstate.versions(stream.name):
         got = read_current(spark, store, lake, stream.name, v.version).count()
         assert got == v.rows, f"version {v.version} ({v.kind}): rows={v.rows}, read {got}"
+        for t in tstate.tables(stream.name, v.version):
+            if t.kind == "current":
+                frame = read_current(
+                    spark, store, lake, stream.name, v.version, db=t.db, coll=t.coll
+                )
+                assert frame.count() == t.rows, f"version {v.version}: {t.db}.{t.coll}"
 
 
 def test_a_field_name_with_a_dot_reads_back(
@@ -41,7 +56,7 @@ def test_a_field_name_with_a_dot_reads_back(
     assert [r["a.b"] for r in rows] == [5]
 
 
-def test_an_empty_sub_document_reads_the_same_from_base_and_delta(
+def test_an_empty_sub_document_reads_the_same_from_the_first_and_a_later_run(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     coll = client[db_name]["orders"]
@@ -49,16 +64,16 @@ def test_an_empty_sub_document_reads_the_same_from_base_and_delta(
     drain(stream, raw_client, sqlite_store, lake)
     coll.insert_one({"_id": 1, "meta": {}})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     coll.insert_many([{"_id": 2, "meta": {}}, {"_id": 3, "meta": {"a": 1}}])
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     rows = {
         r._tm_key: r.meta for r in read_current(spark, sqlite_store, lake, stream.name).collect()
     }
     same_documents = [v for k, v in rows.items() if '"1"' in k or '"2"' in k]
     assert len(same_documents) == 2
-    # _id 1 (base) and _id 2 (delta) hold the same document: their columns must agree.
+    # _id 1 (first run) and _id 2 (the MERGE) hold the same document: their columns agree.
     assert same_documents[0] == same_documents[1], rows
 
 
@@ -78,10 +93,12 @@ def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key
 
     late = capture_events(raw_client, db_name, None, before_start, 2)  # insert into a, rename
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
-    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    result = transform(spark, sqlite_store, lake, stream)
+    assert (result.version, result.kind) == (2, "merge")
     rows = read_current(spark, sqlite_store, lake, stream.name)
     got = current_state(rows)  # fails on a key held twice
     assert got == source_state(raw_client, db_name, "b")
+    assert {r._tm_coll for r in rows.collect()} == {"b"}  # nothing left in a
     _rows_match(spark, sqlite_store, lake, stream)
 
 
@@ -93,32 +110,22 @@ def _snapshot_rows(frame) -> dict[str, dict]:
     return out
 
 
-def _typed_columns_are_the_json(frame, schema_json: str) -> None:
-    """Invariant 7: each typed column is the row's plain JSON read in the version's schema,
-    whichever directory the row came from."""
-    from pyspark.sql import functions as F
-
-    from jobs.transform.doc_columns import JSON_OPTIONS, schema_from_json
+def _typed_columns_are_the_document(frame, schema_json: str) -> None:
+    """Invariant 7: each typed column is the row's document read in the schema the state
+    store recorded for the table, and that schema is the table's own."""
+    from jobs.transform.doc_columns import schema_from_json
 
     schema = schema_from_json(schema_json)
-    fields = [f for f in schema.fields if not f.name.startswith("_tm_")]
-    if not fields:
-        return
-    from pyspark.sql.types import StructType
-
-    parsed = F.from_json("_tm_json", StructType(fields), JSON_OPTIONS)
-    expected = frame.select(
-        "_tm_key", *(parsed.getField(f.name).alias(f"e{i}") for i, f in enumerate(fields))
-    )
-    got = frame.select(
-        "_tm_key", *(frame[f"`{f.name}`"].alias(f"e{i}") for i, f in enumerate(fields))
-    )
-    diff = got.exceptAll(expected).collect()
-    assert not diff, f"typed columns differ from the JSON: {diff[:3]}"
+    own = [f for f in frame.schema.fields if not f.name.startswith("_tm_")]
+    assert [(f.name, f.dataType.simpleString()) for f in own] == [
+        (f.name, f.dataType.simpleString()) for f in schema.fields
+    ]
+    diff = typed_columns_differ(frame, schema)
+    assert not diff, f"typed columns differ from the document: {diff[:3]}"
 
 
 @pytest.mark.parametrize("keep", [2, 50])
-def test_time_travel_counts_and_columns_through_type_changes_compaction_gc_and_drop(
+def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and_drop(
     keep, spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     from jobs.ops import collect_garbage
@@ -132,80 +139,93 @@ def test_time_travel_counts_and_columns_through_type_changes_compaction_gc_and_d
     recorded: dict[int, dict] = {}
     unseen = {'{ "_id" : { "$numberInt" : "101" } }', '{ "_id" : { "$numberInt" : "102" } }'}
 
-    def step(kind: str | None = None, *, compaction: bool = False) -> None:
+    def step(*, compaction: bool = False) -> None:
         drain_until_caught_up(stream, raw_client, sqlite_store, lake)
-        result = (
-            compact(spark, sqlite_store, lake, stream)
-            if compaction
-            else transform(spark, sqlite_store, lake, stream)
-        )
+        if compaction:
+            result = compact(spark, sqlite_store, lake, stream)
+        else:
+            result = transform(spark, sqlite_store, lake, stream)
+            assert result.kind == "merge"
         assert result.version is not None
-        if kind is not None:
-            assert result.kind == kind
         frame = read_current(spark, sqlite_store, lake, stream.name)
         recorded[result.version] = _snapshot_rows(frame)
         source = source_state(raw_client, db_name, "orders")
         assert current_state(frame) == {k: v for k, v in source.items() if k not in unseen}
 
     coll.insert_many([{"_id": i, "x": i, "s": {"a": i}} for i in range(6)])
-    step("base")
+    step()
     coll.update_one({"_id": 1}, {"$set": {"x": "one"}})  # int -> string
     coll.delete_one({"_id": 2})
     coll.insert_one({"_id": 2, "x": 22})  # deleted and re-inserted in one run
     coll.delete_one({"_id": 3})
-    step("delta")
+    step()
     coll.update_one({"_id": 4}, {"$set": {"x": {"deep": [1, 2]}, "s": {"a": "str"}}})
     coll.insert_one({"_id": 3, "x": 33})  # re-inserted after a delta's tombstone
-    step("delta")
+    step()
     step(compaction=True)
     coll.update_one({"_id": 5}, {"$set": {"x": [1, {"k": 2}], "s": [1]}})  # -> array
     coll.delete_one({"_id": 4})
-    step("delta")
+    step()
     late = capture_events(raw_client, db_name, "orders", before_start, 4)  # older events
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     unseen.clear()  # the replay brought them
-    step("delta")
-    collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    step()
+    collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     coll.drop()
     coll.insert_many([{"_id": 1, "x": 1.5}, {"_id": 7, "x": None}])
-    step("base")
+    step()
     coll.update_one({"_id": 1}, {"$set": {"x": {"again": True}}})
-    step("delta")
+    step()
     step(compaction=True)
-    collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
 
     tstate = TransformState(sqlite_store)
+    assert len(tstate.versions(stream.name)) == min(keep, len(recorded))
     for v in tstate.versions(stream.name):
         frame = read_current(spark, sqlite_store, lake, stream.name, v.version)
         assert _snapshot_rows(frame) == recorded[v.version], f"version {v.version}"
         assert frame.count() == v.rows, f"version {v.version}: rows {v.rows}"
-        _typed_columns_are_the_json(frame, v.doc_schema)
+        (table,) = [t for t in tstate.tables(stream.name, v.version) if t.kind == "current"]
+        _typed_columns_are_the_document(frame, table.doc_schema)
 
 
-def test_a_document_field_named_like_the_merges_helper_column_survives_deltas_and_compaction(
+# Names the fold gives its own columns while it works (`fold.newest_per_key`, `not_cleared`,
+# the tombstone join, the census) and the MERGE's table aliases.
+HELPER_NAMES = ["_rank", "_tm_rank", "_b_db", "_b_event_id", "_t_event_id", "new", "s", "t"]
+
+
+def test_document_fields_named_like_the_folds_helper_columns_survive_merges_and_optimize(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     coll = client[db_name]["orders"]
     stream = make_stream()
     drain(stream, raw_client, sqlite_store, lake)
-    coll.insert_one({"_id": 1, "_rank": 7})
+    coll.insert_one({"_id": 1, **{name: 7 for name in HELPER_NAMES}})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "base"
-    coll.insert_one({"_id": 2, "_rank": 9})
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
+    coll.insert_one({"_id": 2, **{name: 9 for name in HELPER_NAMES}})
+    coll.update_one({"_id": 1}, {"$set": {"t": 8, "s": 8}})  # a MERGE that updates
+    coll.delete_one({"_id": 1})  # and one that deletes, newer
+    coll.insert_one({"_id": 3, "t": 1})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
 
-    def ranks() -> list:
+    def columns() -> dict:
         frame = read_current(spark, sqlite_store, lake, stream.name)
-        assert "_rank" in frame.columns, frame.columns
-        return sorted(r["_rank"] for r in frame.collect())
+        rows = sorted(frame.collect(), key=lambda r: r._tm_key)
+        assert current_state(frame) == source_state(raw_client, db_name, "orders")
+        named = [n for n in HELPER_NAMES if not n.startswith("_tm_")]  # `_tm_*` stay inside
+        assert set(named) <= set(frame.columns) and "_tm_rank" not in frame.columns
+        return {name: [r[name] for r in rows] for name in named}
 
-    assert ranks() == [7, 9]
+    expected = {name: [9, None] for name in HELPER_NAMES if not name.startswith("_tm_")}
+    expected["t"] = [9, 1]
+    assert columns() == expected
     assert compact(spark, sqlite_store, lake, stream).version == 3
-    assert ranks() == [7, 9]
+    assert columns() == expected
 
 
-def test_a_delta_of_late_events_that_all_lose_reads_back_and_counts(
+def test_a_run_of_late_events_that_all_lose_reads_back_and_counts(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     coll = client[db_name]["orders"]
@@ -220,7 +240,7 @@ def test_a_delta_of_late_events_that_all_lose_reads_back_and_counts(
     late = capture_events(raw_client, db_name, "orders", before_start, 2)  # the two inserts
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     result = transform(spark, sqlite_store, lake, stream)
-    assert (result.kind, result.changes_added) == ("delta", 2)
+    assert (result.version, result.kind, result.changes_added) == (2, "merge", 2)
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
@@ -255,14 +275,14 @@ def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event
         drained += drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         with pytest.raises(_Die):
             transform(spark, sqlite_store, lake, stream, before_commit=_die)
-        collect_garbage(lake, sqlite_store, min_age_seconds=0)
+        collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
         transform(spark, sqlite_store, lake, stream)
-        if round_:  # a delta to compact
+        if round_:  # a MERGE to compact
             with pytest.raises(_Die):
                 compact(spark, sqlite_store, lake, stream, before_commit=_die)
-            collect_garbage(lake, sqlite_store, min_age_seconds=0)
+            collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
             assert compact(spark, sqlite_store, lake, stream).version is not None
-        collect_garbage(lake, sqlite_store, min_age_seconds=0)
+        collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
         changes = read_changes(spark, sqlite_store, lake, stream.name)
         assert changes.count() == drained
         assert changes.select("event_id").distinct().count() == drained
@@ -270,12 +290,14 @@ def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event
             source_state(raw_client, db_name, "orders")
         )
         _rows_match(spark, sqlite_store, lake, stream)
-    names = set(data_directories(lake / "curated" / stream.name / "current"))
-    kept = {v.path.rsplit("/", 1)[-1] for v in TransformState(sqlite_store).versions(stream.name)}
-    assert names == kept  # the dead attempts' directories are gone
+    tstate = TransformState(sqlite_store)
+    for table in tstate.tables(stream.name):  # the store agrees with every table's log
+        assert table.delta_version == newest_delta_version(lake / table.path), table.path
+        marks = marked_commits(lake / table.path)
+        assert len(marks) == len(set(marks)), f"{table.path}: a commit made twice"
 
 
-def test_a_resnapshot_after_deltas_then_late_events_matches_the_source(
+def test_a_resnapshot_after_merges_then_late_events_matches_the_source(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     coll = client[db_name]["orders"]
@@ -290,13 +312,13 @@ def test_a_resnapshot_after_deltas_then_late_events_matches_the_source(
     coll.delete_one({"_id": 1})
     coll.update_one({"_id": 2}, {"$set": {"v": "two"}})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     coll.insert_one({"_id": 5})
     coll.delete_one({"_id": 3})
     drain(stream, raw_client, sqlite_store, lake, resnapshot=True)
     coll.update_one({"_id": 5}, {"$set": {"v": 5}})
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     late = capture_events(raw_client, db_name, "orders", before_start, 3)  # 100, 101, delete 100
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     transform(spark, sqlite_store, lake, stream)
@@ -327,8 +349,8 @@ def test_setting_a_numeric_field_to_null_in_a_later_run_keeps_its_type(
 def test_a_first_load_with_each_key_once_counts_its_tombstones_apart(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    """A first run whose keys are each once is written straight from the change log (no
-    shuffle): its row counts come from the key census, tombstones apart from documents."""
+    """A first run whose keys are each once: its live rows are counted without the deletes,
+    which are tombstones of `removed`, not rows of `current`."""
     coll = client[db_name]["orders"]
     coll.insert_many([{"_id": n, "v": n} for n in range(5)])  # before the stream
     stream = make_stream()
@@ -338,9 +360,9 @@ def test_a_first_load_with_each_key_once_counts_its_tombstones_apart(
     coll.update_one({"_id": 2}, {"$set": {"v": "new"}})
     drain(stream, raw_client, sqlite_store, lake)
     result = transform(spark, sqlite_store, lake, stream)
-    assert (result.kind, result.rows) == ("base", 5)  # 10-13 and 2; 0 and 1 are tombstones
-    version = TransformState(sqlite_store).latest_version(stream.name)
-    assert version is not None and version.written_rows == 7
+    assert (result.kind, result.rows) == ("merge", 5)  # 10-13 and 2; 0 and 1 are tombstones
+    tombstones = {r._tm_key for r in removed_rows(spark, lake, stream.name)}
+    assert tombstones == {f'{{ "_id" : {{ "$numberInt" : "{n}" }} }}' for n in (0, 1)}
     # 3 and 4 predate the stream and never changed: the stream cannot know them.
     source = source_state(raw_client, db_name, "orders")
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == {

@@ -11,19 +11,20 @@ from bson import Binary, Decimal128, Regex
 from pyspark.sql import functions as F
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.ops import collect_garbage
+from jobs.curated_zone import removed_dir
 from jobs.transform import read_changes, read_current, transform
 from jobs.transform.change_log import CHANGES_COLUMNS
-from jobs.transform.extjson import flatten
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
-from tests.helpers.lake_reading import data_directories
+from tests.helpers.lake_reading import delta_log, marked_commits, newest_delta_version
 from tests.helpers.oracle import (
     burst,
     current_state,
     drop_and_recreate,
     make_doc,
+    removed_rows,
     seed_collection,
     source_state,
+    typed_columns_differ,
 )
 from tidemark.errors import StreamInvalidated, TidemarkError
 
@@ -111,9 +112,10 @@ def test_rerun_and_redelivery_change_nothing(
 def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hides(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    """One Python pass per event: a run's change-log files carry the full document's plain
-    JSON, `current` (base and delta rows alike) holds exactly what `flatten` gives of its
-    canonical document, and the `changes` table shows its own columns only."""
+    """One Python pass per event: the plain JSON a run renders beside its change-log rows
+    types `current`'s columns (in the first run and a later one alike) exactly as parsing
+    `flatten` of the row's canonical document would, and neither `current` nor `changes`
+    keeps it as a column; a delete leaves `current` and is a tombstone of `removed`."""
     stream = make_stream()
     drain(stream, raw_client, sqlite_store, lake)
     coll = client[db_name]["orders"]
@@ -121,18 +123,21 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     tricky = {"_id": "t", "p": {"$price": 3}, "re": Regex("^a", "i"), "b": Binary(b"\x01" * 16, 4)}
     coll.insert_many([make_doc(rng, n) for n in range(40)] + [tricky])
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     coll.update_many({"_id": {"$lt": 20}}, {"$set": {"d": Decimal128("1.50")}})
     coll.update_one({"_id": "t"}, {"$set": {"p.q": 1}})
     coll.delete_one({"_id": 3})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
 
-    rows = read_current(spark, sqlite_store, lake, stream.name, with_deleted=True).collect()
-    live = [r for r in rows if not r._tm_deleted]
-    assert len(live) == 40
-    assert [r._tm_key for r in live if r._tm_json != flatten(r._tm_document)] == []
-    assert [r._tm_json for r in rows if r._tm_deleted] == [None]
+    current = read_current(spark, sqlite_store, lake, stream.name)
+    assert "_tm_json" not in current.columns and "_tm_deleted" not in current.columns
+    assert current.count() == 40
+    assert current_state(current) == source_state(raw_client, db_name, "orders")
+    assert typed_columns_differ(current) == []
+    assert {"d", "p", "re", "b", "nested"} <= set(current.columns)
+    tombstones = [(r._tm_coll, r._tm_key) for r in removed_rows(spark, lake, stream.name)]
+    assert tombstones == [("orders", '{ "_id" : { "$numberInt" : "3" } }')]
     changes = read_changes(spark, sqlite_store, lake, stream.name)
     assert sorted(changes.columns) == sorted(CHANGES_COLUMNS)
 
@@ -198,16 +203,14 @@ def test_a_type_change_across_documents_loses_no_value(
     coll.insert_many([{"_id": 3, "v": "seven", "w": "flat"}, {"_id": 4, "v": 2.5, "w": [1]}])
     drain(stream, raw_client, sqlite_store, lake)
     result = transform(spark, sqlite_store, lake, stream)
-    assert sorted(result.schema["widened"]) == [
-        "v: bigint -> string",
-        "w: struct<a:bigint> -> string",
+    assert sorted(result.schema["widened"]) == [  # per table: "db.coll.field: from -> to"
+        f"{db_name}.orders.v: bigint -> string",
+        f"{db_name}.orders.w: struct<a:bigint> -> string",
     ]
-    rows = {
-        r["_id"]: (r["v"], r["w"])
-        for r in read_current(spark, sqlite_store, lake, stream.name)
-        .select(F.get_json_object("_tm_json", "$._id").cast("int").alias("_id"), "v", "w")
-        .collect()
-    }
+    current = read_current(spark, sqlite_store, lake, stream.name)
+    assert (dict(current.dtypes)["v"], dict(current.dtypes)["w"]) == ("string", "string")
+    _id = F.get_json_object("_tm_document", "$._id.$numberInt").cast("int")
+    rows = {r[0]: (r.v, r.w) for r in current.select(_id, "v", "w").collect()}
     assert rows == {
         1: ("5", '{"a":1}'),
         2: ("7", '{"a":2}'),
@@ -227,30 +230,40 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     transform(spark, sqlite_store, lake, stream)
     coll.delete_many({"_id": {"$lt": 5}})
     drain(stream, raw_client, sqlite_store, lake)
+    tstate = TransformState(sqlite_store)
+    before = tstate.tables(stream.name)
 
     def crash():
         raise RuntimeError("killed before the commit")
 
     with pytest.raises(RuntimeError):
         transform(spark, sqlite_store, lake, stream, before_commit=crash)
+    # The Delta commits are made, the store's are not: readers see the previous run's state.
+    assert tstate.intent(stream.name) is not None
+    assert [v.version for v in tstate.versions(stream.name)] == [1]
+    assert tstate.tables(stream.name) == before
     assert len(current_state(read_current(spark, sqlite_store, lake, stream.name))) == 10
-    assert (
-        read_changes(spark, sqlite_store, lake, stream.name).count() == 10
-    )  # staged rows are not visible
+    assert read_changes(spark, sqlite_store, lake, stream.name).count() == 10
+    made = {t.path: newest_delta_version(lake / t.path) for t in before}
+    assert any(made[t.path] > t.delta_version for t in before)  # the dead attempt's commits
 
     result = transform(spark, sqlite_store, lake, stream)  # simply run again
     assert result.version == 2 and result.changes_added == 5
+    assert tstate.intent(stream.name) is None
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 15
-    current_dir = lake / "curated" / stream.name / "current"
-    assert len(data_directories(current_dir)) == 3  # the dead attempt's directory stays ...
-    collect_garbage(lake, sqlite_store, min_age_seconds=0)  # ... until gc
-    leftovers = data_directories(current_dir)
-    committed = [v.path.rsplit("/", 1)[-1] for v in TransformState(sqlite_store).versions("orders")]
-    assert sorted(leftovers) == committed
-    assert [name[:8] for name in committed] == ["v=000001", "v=000002"]
+    tables = tstate.tables(stream.name)
+    assert {t.kind for t in tables} == {"changes", "current"}
+    for path in [*(lake / t.path for t in tables), removed_dir(lake, stream.name)]:
+        marks = marked_commits(path)
+        assert len(marks) == len(set(marks)), f"{path}: a commit made twice: {marks}"
+    for table in tables:
+        # Delta skipped the repeat's data commits: none adds a file after the dead attempt's.
+        later = [c for c in delta_log(lake / table.path) if c["version"] > made[table.path]]
+        assert not [c["version"] for c in later if any("add" in a for a in c["actions"])]
+        assert table.delta_version == newest_delta_version(lake / table.path), table.path
 
 
 def test_rename_drop_and_drop_database_act_on_whole_namespaces(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime, timedelta
 
 import bson
@@ -13,13 +12,12 @@ import jobs.transform.apply as transform_module
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import compact, read_current, transform
-from jobs.transform.extjson import flatten
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from state.leases import TRANSFORM_LEASE_TTL
-from tests.helpers.lake_reading import data_directories
+from tests.helpers.lake_reading import marked_commits, newest_delta_version
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
-from tidemark.errors import LeaseLost, TidemarkError
+from tidemark.errors import CurrentTableBehind, LeaseLost, TidemarkError
 
 # -- 4: deleted documents never come back -----------------------------------------------------
 
@@ -45,7 +43,7 @@ def test_an_insert_replayed_after_its_delete_does_not_resurrect_the_document(
     assert len(got) == 1  # _id 2 only: the delete is newer than the replayed insert of _id 1
 
 
-def test_late_events_after_deletes_in_deltas_and_after_a_compaction_never_resurrect(
+def test_late_events_after_deletes_in_later_runs_and_after_a_compaction_never_resurrect(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     coll = client[db_name]["orders"]
@@ -56,10 +54,10 @@ def test_late_events_after_deletes_in_deltas_and_after_a_compaction_never_resurr
     drain(stream, raw_client, sqlite_store, lake)  # starts now: those writes are not seen
     coll.insert_one({"_id": 10})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "base"
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     coll.delete_many({"_id": {"$in": [1, 2]}})
     drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).kind == "delta"  # two tombstones
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"  # two tombstones
 
     def check() -> None:
         got = current_state(read_current(spark, sqlite_store, lake, stream.name))
@@ -67,12 +65,12 @@ def test_late_events_after_deletes_in_deltas_and_after_a_compaction_never_resurr
 
     late = capture_events(raw_client, db_name, "orders", before_start, 4)
     commit_raw_batch(sqlite_store, lake, stream.name, late[:3], "replay")  # inserts 1, 2, 3
-    assert transform(spark, sqlite_store, lake, stream).kind == "delta"
-    check()  # 3 arrives; 1 and 2 lose to their tombstones in the delta before
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
+    check()  # 3 arrives; 1 and 2 lose to their tombstones of the run before
     assert compact(spark, sqlite_store, lake, stream).version == 4
     commit_raw_batch(sqlite_store, lake, stream.name, late[3:], "replay")  # the replace of 1
     transform(spark, sqlite_store, lake, stream)
-    check()  # the compacted base kept the tombstone of 1
+    check()  # the compaction (OPTIMIZE, purge) kept the tombstone of 1
 
 
 def test_an_insert_replayed_after_its_collection_was_dropped_stays_dropped(
@@ -167,10 +165,13 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
 
     real_expand = transform_module.expand
     taken_over = []
+    expected_two = source_state(raw_client, db_name, "orders")  # the first batch folded
+    after_two: dict[str, str] = {}
 
-    def slow_phase(state, schema_):
-        # The first run is still folding when its lease expires and another run takes over,
-        # folds more batches and commits the same version number.
+    def slow_phase(*args):
+        # The first run is still folding when its lease expires and another run takes over:
+        # it repeats the run its intent names (the same number, the same batch) and commits
+        # it; a batch drained meanwhile waits for the next run.
         if not taken_over:
             taken_over.append(True)
             _expire(sqlite_store, f"transform:{stream.name}")
@@ -178,18 +179,26 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
             coll.insert_one({"_id": 20, "v": 2})
             drain(stream, raw_client, sqlite_store, lake)
             assert transform(spark, sqlite_store, lake, stream).version == 2
-        return real_expand(state, schema_)
+            after_two.update(source_state(raw_client, db_name, "orders"))
+        return real_expand(*args)
 
     monkeypatch.setattr(transform_module, "expand", slow_phase)
     with pytest.raises(LeaseLost):
         transform(spark, sqlite_store, lake, stream)
     monkeypatch.undo()
 
-    versions = TransformState(sqlite_store).versions(stream.name)
-    assert [v.version for v in versions] == [1, 2]
-    assert (lake / versions[-1].path).is_dir()
+    tstate = TransformState(sqlite_store)
+    assert [v.version for v in tstate.versions(stream.name)] == [1, 2]
+    assert tstate.intent(stream.name) is None
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
-    assert got == source_state(raw_client, db_name, "orders")
+    assert got == expected_two  # the loser's own commits were Delta's skipped repeats
+    for table in tstate.tables(stream.name):
+        assert table.delta_version == newest_delta_version(lake / table.path), table.path
+        marks = marked_commits(lake / table.path)
+        assert len(marks) == len(set(marks)), f"{table.path}: a commit made twice"
+    assert transform(spark, sqlite_store, lake, stream).version == 3  # the waiting batch
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw_client, db_name, "orders") == after_two
 
 
 def test_the_transform_renews_its_lease_between_phases(
@@ -304,13 +313,13 @@ def test_a_database_stream_moves_renames_inside_it_and_drops_renames_out_of_it(
         client.drop_database(other)
 
 
-# -- 11: pruning keeps the previous version's files while a reader may need them ------------
+# -- 11: gc (VACUUM) keeps the files a kept version or a recent reader needs -------------------
 
 
-def test_a_reader_of_a_pruned_version_finishes_and_gc_frees_it_after_compaction(
+def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_back(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    stream = make_stream(keep_versions=1)
+    stream = make_stream(keep_versions=2)
     drain(stream, raw_client, sqlite_store, lake)
     coll = client[db_name]["orders"]
     coll.insert_many([{"_id": i} for i in range(6)])
@@ -318,31 +327,30 @@ def test_a_reader_of_a_pruned_version_finishes_and_gc_frees_it_after_compaction(
     transform(spark, sqlite_store, lake, stream)
     expected_first = source_state(raw_client, db_name, "orders")
     reader = read_current(spark, sqlite_store, lake, stream.name)  # resolved: version 1
+    states = {}
 
-    coll.delete_many({"_id": {"$lt": 3}})
-    drain(stream, raw_client, sqlite_store, lake)
-    second = transform(spark, sqlite_store, lake, stream)
-    assert (second.version, second.kind) == (2, "delta")
-    with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2 "):
+    for version, change in ((2, lambda: coll.delete_many({"_id": {"$lt": 3}})),
+                            (3, lambda: coll.insert_one({"_id": 50}))):  # fmt: skip
+        change()
+        drain(stream, raw_client, sqlite_store, lake)
+        result = transform(spark, sqlite_store, lake, stream)
+        assert (result.version, result.kind) == (version, "merge")
+        states[version] = source_state(raw_client, db_name, "orders")
+    with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
+    compacted = compact(spark, sqlite_store, lake, stream)  # rewrites every file: OPTIMIZE
+    assert (compacted.version, compacted.deltas) == (4, 3)
+    states[4] = states[3]
 
-    coll.insert_one({"_id": 50})
-    drain(stream, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, stream).version == 3
-    compacted = compact(spark, sqlite_store, lake, stream)
-    assert (compacted.version, compacted.deltas) == (4, 2)
-    collect_garbage(lake, sqlite_store, min_age_seconds=3600)  # pruned moments ago: kept
+    # The default --min-age: a reader that resolved a version just before has that long.
+    collect_garbage(lake, sqlite_store, min_age_seconds=60, spark=lambda: spark)
     assert current_state(reader) == expected_first  # the old reader still finishes
+    collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     tstate = TransformState(sqlite_store)
-    paths = {v.version: v.path.rsplit("/", 1)[-1] for v in tstate.versions(stream.name, True)}
-    current_dir = lake / "curated" / stream.name / "current"
-    assert set(data_directories(current_dir)) == set(paths.values())
-
-    collect_garbage(lake, sqlite_store, min_age_seconds=0)
-    assert set(data_directories(current_dir)) == {paths[4]}  # one base is the table
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
-        raw_client, db_name, "orders"
-    )
+    assert [v.version for v in tstate.versions(stream.name)] == [3, 4]
+    for version in (3, 4):  # every kept version still reads back
+        frame = read_current(spark, sqlite_store, lake, stream.name, version)
+        assert current_state(frame) == states[version], f"version {version}"
 
 
 def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
@@ -359,30 +367,45 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     expected = source_state(raw_client, db_name, "orders")
+    tstate = TransformState(sqlite_store)
+    before = tstate.tables(stream.name)
+    states = {
+        v.version: current_state(read_current(spark, sqlite_store, lake, stream.name, v.version))
+        for v in tstate.versions(stream.name)
+    }
 
     def die():
-        raise RuntimeError("killed between the base's files and the commit")
+        raise RuntimeError("killed between OPTIMIZE and the commit")
 
     with pytest.raises(RuntimeError):
         compact(spark, sqlite_store, lake, stream, before_commit=die)
-    tstate = TransformState(sqlite_store)
     assert [(v.version, v.kind) for v in tstate.versions(stream.name)] == [
-        (1, "base"),
-        (2, "delta"),
+        (1, "merge"),
+        (2, "merge"),
     ]
+    assert tstate.tables(stream.name) == before  # readers stay on the recorded versions
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == expected
     assert compact(spark, sqlite_store, lake, stream).version == 3  # simply run again
     assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == expected
-    (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0)
-    assert swept.curated is not None and len(swept.curated.removed) == 1  # the dead base
+    for table in tstate.tables(stream.name):
+        assert table.delta_version == newest_delta_version(lake / table.path), table.path
+    (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
+    assert swept.curated is not None  # VACUUM ran
+    states[3] = expected
+    for version, state in states.items():  # gc left every kept version's files
+        frame = read_current(spark, sqlite_store, lake, stream.name, version)
+        assert current_state(frame) == state, f"version {version}"
 
 
-# -- 13c: turning current_table on backfills it from the change log -----------------------------
+# -- 13c: turning current_table on needs a fresh copy ------------------------------------------
 
 
-def test_turning_the_current_table_on_backfills_it_from_the_change_log(
+def test_turning_the_current_table_on_asks_for_a_resnapshot_which_rebuilds_it(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
+    """Runs with `current_table: false` only extend the change log: a later run with it on
+    refuses (its `current` tables would miss those runs' events) and names the fix, and a
+    resnapshot then gives a `current` equal to the source."""
     log_only = make_stream(current_table=False)
     drain(log_only, raw_client, sqlite_store, lake)
     coll = client[db_name]["orders"]
@@ -393,43 +416,13 @@ def test_turning_the_current_table_on_backfills_it_from_the_change_log(
     assert transform(spark, sqlite_store, lake, log_only).version is None
 
     stream = make_stream(current_table=True)
-    assert transform(spark, sqlite_store, lake, stream).version == 2  # no new batch needed
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
-        raw_client, db_name, "orders"
-    )
     coll.insert_one({"_id": 30, "v": 30})
-    coll.delete_one({"_id": 0})
     drain(stream, raw_client, sqlite_store, lake)
-    transform(spark, sqlite_store, lake, stream)
+    with pytest.raises(CurrentTableBehind, match="tidemark resnapshot"):
+        transform(spark, sqlite_store, lake, stream)
+    drain(stream, raw_client, sqlite_store, lake, resnapshot=True)
+    coll.delete_one({"_id": 0})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders") and len(got) == 7
-
-
-def test_a_backfill_renders_the_plain_json_a_change_log_written_without_it_lacks(
-    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, tmp_path
-):
-    """A change log written before runs kept the plain JSON beside it is still folded: its
-    rows get the plain JSON from their canonical document (Python for those rows only)."""
-    log_only = make_stream(current_table=False)
-    drain(log_only, raw_client, sqlite_store, lake)
-    coll = client[db_name]["orders"]
-    coll.insert_many([{"_id": i, "v": i, "when": datetime(2026, 1, i + 1)} for i in range(6)])
-    coll.update_many({"_id": {"$lt": 3}}, {"$set": {"v": -1.5}})
-    drain(log_only, raw_client, sqlite_store, lake)
-    transform(spark, sqlite_store, lake, log_only)
-    (run,) = TransformState(sqlite_store).change_log_runs(log_only.name)
-    directory = lake / run.changes_path
-    older = tmp_path / "older"
-    spark.read.parquet(str(directory)).drop("_tm_json").write.partitionBy("date").parquet(
-        str(older)
-    )
-    shutil.rmtree(directory)
-    shutil.move(older, directory)
-
-    stream = make_stream(current_table=True)
-    assert transform(spark, sqlite_store, lake, stream).version == 2
-    current = read_current(spark, sqlite_store, lake, stream.name)
-    assert current_state(current) == source_state(raw_client, db_name, "orders")
-    rows = current.select("_tm_document", "_tm_json", "v").collect()
-    assert all(r._tm_json == flatten(r._tm_document) for r in rows)
-    assert sorted(r.v for r in rows) == [-1.5, -1.5, -1.5, 3.0, 4.0, 5.0]

@@ -31,6 +31,7 @@ from pyspark.sql import SparkSession
 from jobs.curated_zone import changes_dir, curated, current_dir
 from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
+from jobs.raw_zone import SNAPSHOT_START
 from jobs.transform.apply import Fold, Folded, may_hold
 from jobs.transform.change_log import NewEvents, log_new_events
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
@@ -93,7 +94,9 @@ def _batches(
     return (latest.version if latest else 0) + 1, waiting, False
 
 
-def _refuse_legacy(tstate: TransformState, stream: StreamConfig) -> None:
+def _refuse_legacy(
+    tstate: TransformState, stream: StreamConfig, batches: list[BatchRecord]
+) -> None:
     runs = tstate.runs(stream.name)
     if any(r.kind in ("base", "delta", "compaction") for r in runs):  # before Delta Lake
         raise LegacyCuratedZone(
@@ -103,7 +106,13 @@ def _refuse_legacy(tstate: TransformState, stream: StreamConfig) -> None:
             f"Run `tidemark resnapshot {stream.name}` to rebuild every collection's tables "
             "from a fresh copy (the raw zone and the old curated files stay until gc).",
         )
-    behind = [r.version for r in runs if r.path is None and r.changes_added]
+    # A (re)snapshot replaces the stream's whole scope: runs before it no longer matter, so
+    # neither do runs before the newest run that folded into `current` (only a snapshot lets
+    # one follow a run that did not).
+    if any(b.events_by_type.get(SNAPSHOT_START) for b in batches):
+        return
+    since = max((r.version for r in runs if r.kind == "merge"), default=0)
+    behind = [r.version for r in runs if r.path is None and r.changes_added and r.version > since]
     if stream.current_table and behind:
         raise CurrentTableBehind(
             f"Stream {stream.name!r} ran with current_table: false (runs "
@@ -131,7 +140,7 @@ def _transform(
         number, batches, repeat = _batches(tstate, stream.name, latest)
         if not batches:
             return TransformResult(stream.name, None, 0, 0, 0, 0, None)
-        _refuse_legacy(tstate, stream)
+        _refuse_legacy(tstate, stream, batches)
         if not repeat:
             tstate.record_intent(lease, stream.name, number, [b.id for b in batches])
         phases = {"plan": time.monotonic() - clock}

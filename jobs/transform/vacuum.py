@@ -22,12 +22,15 @@ RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 def retention_hours(store: StateStore, stream: str, min_age_seconds: float) -> float:
-    """Hours a replaced file is kept: the oldest kept version's age plus `min_age_seconds`."""
+    """Hours a replaced file is kept: the oldest kept version's age plus `min_age_seconds`,
+    never below (so a file replaced within the last hour is always kept)."""
     kept = TransformState(store).versions(stream)
     now = datetime.now(UTC)
     oldest = min((v.created_at for v in kept), default=now)
     seconds = (now - oldest).total_seconds() + min_age_seconds
-    return math.ceil(max(seconds, 0.0) / 36.0) / 100.0  # to the hundredth, never below
+    # Whole hours, rounded up: Delta rounds `RETAIN n HOURS` to the nearest whole hour
+    # (VacuumCommand: `math.round(hours)`), so 0.02 hours would keep nothing at all.
+    return float(math.ceil(max(seconds, 0.0) / 3600.0))
 
 
 def vacuum(

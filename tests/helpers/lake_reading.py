@@ -1,9 +1,12 @@
 """Reading the lake the way a consumer must: the raw zone's files that committed batches list,
-and a curated table's data directories (not its manifest file)."""
+and a curated Delta table's own log and files (no Tidemark code in between)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,7 +34,41 @@ def direct_events(collection, resume_after) -> list[RawBSONDocument]:
             events.append(event)
 
 
-def data_directories(table_dir: Path) -> list[str]:
-    """The names of a curated table's directories (`v=...`, `run=...`), without the manifest
-    (`_tidemark_table.json`) that sits beside them."""
-    return sorted(p.name for p in table_dir.iterdir() if p.is_dir())
+def delta_log(table_dir: Path) -> list[dict[str, Any]]:
+    """Every commit of a Delta table, oldest first: its version and actions, read from the
+    `_delta_log` JSON files as any Delta reader does."""
+    commits = []
+    for path in sorted((table_dir / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        commits.append({"version": int(path.stem), "actions": actions})
+    return commits
+
+
+def marked_commits(table_dir: Path) -> list[tuple[str, int]]:
+    """The (txnAppId, txnVersion) idempotency marks of a table's commits, in commit order."""
+    return [
+        (a["txn"]["appId"], a["txn"]["version"])
+        for commit in delta_log(table_dir)
+        for a in commit["actions"]
+        if "txn" in a
+    ]
+
+
+def newest_delta_version(table_dir: Path) -> int:
+    return max(c["version"] for c in delta_log(table_dir))
+
+
+def data_files(table_dir: Path) -> set[str]:
+    """The Parquet files on disk under a Delta table (its log apart), table-relative."""
+    return {
+        str(p.relative_to(table_dir))
+        for p in table_dir.rglob("*.parquet")
+        if "_delta_log" not in p.relative_to(table_dir).parts
+    }
+
+
+def live_files(spark: Any, table_dir: Path) -> set[str]:
+    """The Parquet files the table's newest version reads, table-relative."""
+    root = table_dir.resolve()
+    files = spark.read.format("delta").load(str(table_dir)).inputFiles()
+    return {str(Path(unquote(urlparse(f).path)).relative_to(root)) for f in files}

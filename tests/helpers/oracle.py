@@ -146,6 +146,37 @@ def current_state(frame) -> dict[str, str]:
     return state
 
 
+def typed_columns_differ(frame, schema=None) -> list:
+    """The rows of a `current` frame whose typed columns are not what parsing the plain JSON
+    of their `_tm_document` (`flatten`) in the table's schema gives (`schema`: the document
+    columns' StructType, default the frame's own). [] when every row agrees."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from jobs.transform.doc_columns import JSON_OPTIONS, flatten_udf
+
+    if schema is None:
+        schema = StructType([f for f in frame.schema.fields if not f.name.startswith("_tm_")])
+    fields = list(schema.fields)
+    if not fields:
+        return []
+    parsed = F.from_json(flatten_udf(F.col("_tm_document")), StructType(fields), JSON_OPTIONS)
+    expected = frame.select(
+        "_tm_key", *(parsed.getField(f.name).alias(f"c{i}") for i, f in enumerate(fields))
+    )
+    got = frame.select(
+        "_tm_key", *(frame[f"`{f.name}`"].alias(f"c{i}") for i, f in enumerate(fields))
+    )
+    return got.exceptAll(expected).collect()
+
+
+def removed_rows(spark, lake, stream: str) -> list:
+    """The stream's tombstones and namespace barriers, read as a plain Delta table."""
+    from jobs.curated_zone import removed_dir
+
+    return spark.read.format("delta").load(str(removed_dir(lake, stream))).collect()
+
+
 def capture_events(
     raw_client: MongoClient,
     db: str,
