@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -61,6 +61,7 @@ class TransformResult:
     kind: str | None = None  # "merge" when `current` tables changed
     seconds: dict[str, float] = field(default_factory=dict)  # where the run's time went
     tables: list[CuratedTable] = field(default_factory=list)  # the tables the run changed
+    repeated: bool = False  # it repeated a killed run (then went on with what came since)
 
 
 def transform(
@@ -76,9 +77,38 @@ def transform(
     each phase (change log, current, commit) and the events read. Spark's own failures (out
     of memory, a Connect server gone) leave as Tidemark's errors with their fix, not traces."""
     with spark_failures(f"the transform of stream {stream.name!r}"):
-        return _transform(
+        result = _transform(
             spark, store, lake_root, stream, before_commit=before_commit, progress=progress
         )
+        if not result.repeated:
+            return result
+        # A killed run was repeated on its own batches: what arrived since is folded now, not
+        # left for the next scheduled run.
+        after = _transform(
+            spark, store, lake_root, stream, before_commit=before_commit, progress=progress
+        )
+        return _combined(result, after)
+
+
+def _combined(first: TransformResult, then: TransformResult) -> TransformResult:
+    """Two runs made by one call, reported as one (the second's table state)."""
+    if not then.batches:
+        return first
+    made = then if then.version is not None else first
+    return replace(
+        then,
+        version=made.version,
+        batches=first.batches + then.batches,
+        events_read=first.events_read + then.events_read,
+        changes_added=first.changes_added + then.changes_added,
+        duplicates_skipped=first.duplicates_skipped + then.duplicates_skipped,
+        rows=made.rows,
+        kind=made.kind,
+        schema={k: first.schema.get(k, []) + then.schema.get(k, []) for k in ("added", "widened")},
+        duration_s=first.duration_s + then.duration_s,
+        tables=first.tables + then.tables,
+        repeated=True,
+    )
 
 
 def _batches(
@@ -193,6 +223,7 @@ def _transform(
             kind="merge" if made else None,
             seconds=phases,
             tables=tables,
+            repeated=repeat,
         )
     finally:
         store.release_lease(lease)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jobs.curated_zone import removed_dir
 from jobs.transform.delta_io import is_table, table_ref
 from state import StateStore, TransformState
 
@@ -40,6 +41,7 @@ def vacuum(
     files deleted."""
     hours = retention_hours(store, stream, min_age_seconds)
     paths = {lake_root / t.path for t in TransformState(store).tables(stream)}
+    paths.add(removed_dir(lake_root, stream))  # Tidemark's own table, not in the catalog
     removed: list[str] = []
     # Below Delta's default of 7 days on purpose: the retention is computed, not guessed.
     spark.conf.set(RETENTION_CHECK, "false")
