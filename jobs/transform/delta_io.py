@@ -17,7 +17,7 @@ session settings, no `DeltaTable` API (Delta's Connect plugin is not published).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,10 @@ CURRENT_PROPERTIES = {
 }
 CHANGES_PROPERTIES = {"delta.appendOnly": "true"}
 REMOVED_PROPERTIES = {"delta.enableDeletionVectors": "true"}
+# For kill tests only (tests/helpers/crash_child.py), None otherwise: called as
+# COMMIT_HOOK("before" | "after", path, slot) around each marked commit, so a test's child
+# process can SIGKILL itself at an exact point of a run (during a MERGE, between two tables).
+COMMIT_HOOK: Callable[[str, Path, int], None] | None = None
 
 
 def quoted(name: str) -> str:
@@ -83,12 +87,16 @@ class RunWriter:
         conf = self.spark.conf
         conf.set(TXN_APP_ID, f"tidemark:{relative(self.lake_root, path)}")
         conf.set(TXN_VERSION, str(slot))
+        if COMMIT_HOOK is not None:
+            COMMIT_HOOK("before", path, slot)
         try:
             yield
         finally:
             conf.unset(TXN_APP_ID)
             conf.unset(TXN_VERSION)
         self.written.add(path)
+        if COMMIT_HOOK is not None:
+            COMMIT_HOOK("after", path, slot)
 
     def create(
         self,
