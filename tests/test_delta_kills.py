@@ -67,7 +67,7 @@ def _kill_child(point: str, mongod, state_url: str, lake: Path, stream) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
+        timeout=600,  # a loaded machine: the child starts a JVM
     )  # fmt: skip
     assert child.returncode == -9, f"the child was not SIGKILLed: {child.stderr[-2000:]}"
 
