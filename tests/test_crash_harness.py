@@ -1,6 +1,9 @@
 """Crash consistency: drains, transforms and compactions SIGKILLed at random moments, between
 bursts of writes. After one clean run, `current` equals the source and `changes` holds every
-event once, before and after `tidemark gc` removes what the dead runs left."""
+event once, before and after `tidemark gc` removes what the dead runs left (raw files, and with
+Delta VACUUM the files the tables no longer use) and a compaction (Delta OPTIMIZE); the state
+store records each table's newest Delta version. The kills at exact points of a run's Delta
+commits are tests/test_delta_kills.py."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ import pytest
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
-from jobs.transform import compact, read_changes, read_current, transform
+from jobs.transform import compact, read_current, transform
+from state import TransformState
+from tests.helpers.delta_reading import (
+    changes_event_ids,
+    current_documents,
+    current_tables,
+    delta_version,
+)
 from tests.helpers.lake_reading import direct_events
 from tests.helpers.oracle import burst, current_state, seed_collection, source_state
 from tidemark.tokens import token_from_json
@@ -24,7 +34,8 @@ from tidemark.tokens import token_from_json
 ROOT = Path(__file__).resolve().parent.parent
 # (step, seconds after start to kill it): a drain child lives ~1-2 s, a transform child ~8-15 s
 # (the JVM starts first), so the kills land in imports, reads, writes and commits; a compaction
-# child transforms first, then compacts, so its kills also land between a base and its commit.
+# child transforms first, then compacts, so its kills also land between OPTIMIZE and the state
+# store's commit.
 STEPS = [
     ("drain", (0.3, 2.5)),
     ("drain", (0.3, 2.5)),
@@ -79,18 +90,23 @@ def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
 
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
-    assert got == source_state(raw_client, db_name, "orders")
-    collect_garbage(lake, sqlite_store, min_age_seconds=0)  # what the dead runs left goes
+    want = source_state(raw_client, db_name, "orders")
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == want
+    (path,) = current_tables(sqlite_store, lake, stream.name).values()
+    assert current_documents(path) == want  # any Delta reader, at the newest version
+    for table in TransformState(sqlite_store).tables(stream.name):
+        assert table.delta_version == delta_version(lake / table.path), table
+    # What the dead runs left goes: raw files no batch lists, files no kept version uses.
+    collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     compact(spark, sqlite_store, lake, stream)
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == got
+    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == want
+    assert current_documents(path) == want
+    (table,) = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "current"]
+    assert table.delta_version == delta_version(path)  # the compaction's OPTIMIZE, recorded
     reference = [
         e["_id"]["_data"]
         for e in direct_events(raw_client[db_name]["orders"], token_from_json(start))
     ]
-    logged = [
-        r.event_id
-        for r in read_changes(spark, sqlite_store, lake, stream.name).select("event_id").collect()
-    ]
+    logged = changes_event_ids(sqlite_store, lake, stream.name)
     assert len(logged) == len(set(logged))  # no event twice
     assert sorted(logged) == sorted(reference)  # and none missing

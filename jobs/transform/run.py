@@ -181,7 +181,8 @@ def _transform(
         # A classic or a Connect session (neither is callable), or a factory of one.
         session = spark() if callable(spark) else spark
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
-        writer = RunWriter(session, lake_root, stream.name, number)
+        recorded = {lake_root / t.path: t.delta_version for t in tstate.tables(stream.name)}
+        writer = RunWriter(session, lake_root, stream.name, number, recorded)
         new = log_new_events(writer, tstate, batches)
         phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
         added = new.count if new is not None else 0

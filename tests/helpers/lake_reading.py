@@ -45,13 +45,16 @@ def delta_log(table_dir: Path) -> list[dict[str, Any]]:
 
 
 def marked_commits(table_dir: Path) -> list[tuple[str, int]]:
-    """The (txnAppId, txnVersion) idempotency marks of a table's commits, in commit order."""
-    return [
-        (a["txn"]["appId"], a["txn"]["version"])
-        for commit in delta_log(table_dir)
-        for a in commit["actions"]
-        if "txn" in a
-    ]
+    """The (stream, slot) marks Tidemark's commits carry in their `userMetadata`, in commit
+    order (jobs.transform.delta_io)."""
+    marks = []
+    for commit in delta_log(table_dir):
+        for action in commit["actions"]:
+            meta = action.get("commitInfo", {}).get("userMetadata")
+            if isinstance(meta, str) and meta.startswith("tidemark:"):
+                stream, slot = meta[len("tidemark:") :].rsplit(":", 1)
+                marks.append((stream, int(slot)))
+    return marks
 
 
 def newest_delta_version(table_dir: Path) -> int:

@@ -6,11 +6,14 @@ replays, resnapshots, gc and transforms, several at a time, in this process or i
 processes that it SIGKILLs at random moments. A monitor thread samples every stream's stored
 checkpoint. After the writers stop and one clean run of each step, the oracle checks:
 
-1. `current` equals `find()` for every namespace in scope (or, for streams that stopped at an
-   invalidate or hide DDL with `$match`, a pure-Python fold of the reference events);
-2. `changes` holds exactly the events a plain `watch()` returns over the covered ranges
-   (incremental segments between explicit moves, plus replay windows): none missing, none twice;
-3. every committed manifest file exists;
+1. every collection's `current` Delta table, read with `deltalake` (no JVM, no Tidemark code)
+   from the tables the state store records, equals `find()` for every namespace in scope (or,
+   for streams that stopped at an invalidate or hide DDL with `$match`, a pure-Python fold of
+   the reference events);
+2. the `changes` tables hold exactly the events a plain `watch()` returns over the covered
+   ranges (incremental segments between explicit moves, plus replay windows): none missing,
+   none twice;
+3. every file a committed raw batch lists exists;
 4. no stored token (sampled, or a batch's `token_after`) covered an event that was not in an
    incremental batch committed by then.
 
@@ -38,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import bson
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from bson import MaxKey, MinKey, ObjectId
 from pymongo import MongoClient
@@ -48,6 +50,7 @@ from jobs.capture import drain
 from jobs.ops import collect_garbage, reset_stream
 from resources.mongo import cluster_time, oplog_window
 from state import StateStore, TransformState
+from tests.helpers.delta_reading import current_tables, query
 from tests.helpers.oracle import burst, canonical, make_doc
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseHeld, StreamInvalidated, TidemarkError
@@ -525,8 +528,8 @@ class Torture:
         if roll < 0.80:
             return "gc", "*", lambda: self._inproc(self._gc)
         if roll < 0.86 and rng.random() < 0.5:
-            # A compaction (as often as a transform: a base after deltas is where merge-on-read
-            # can go wrong), killed mid-way as often as a transform is.
+            # A compaction (Delta OPTIMIZE and a purge of deletion vectors, as often as a
+            # transform), killed mid-way as often as a transform is.
             if self.cfg.transform_in_child:
                 kill = rng.uniform(3.0, 20.0) if rng.random() < self.cfg.kill_fraction else None
                 return "transform_compact_child", name, lambda: self._child("compact", stream, kill)
@@ -621,10 +624,15 @@ class Torture:
             for lease in leases:
                 self.store.release_lease(lease)
 
-    def _gc(self) -> str:
-        sweeps = collect_garbage(self.lake, self.store, min_age_seconds=0)
+    def _gc(self, vacuum: bool = False) -> str:
+        """A sweep of the raw zone; with `vacuum` (the final runs, when this process has a
+        session: sharing it with a concurrent run's Delta writes is not what is tested), also
+        Delta VACUUM of the curated tables, with no minimum age either."""
+        spark = (lambda: self.spark) if vacuum and self.spark is not None else None
+        sweeps = collect_garbage(self.lake, self.store, min_age_seconds=0, spark=spark)
         removed = sum(len(s.result.removed) for s in sweeps if s.result is not None)
-        return f"removed {removed}"
+        vacuumed = sum(len(s.curated or []) for s in sweeps)
+        return f"removed {removed}" + (f", vacuumed {vacuumed}" if spark else "")
 
     def _compact(self, stream: StreamConfig) -> str:
         from jobs.transform import compact
@@ -732,7 +740,7 @@ class Torture:
             except TidemarkError as exc:
                 self.final_errors[name] = str(exc).splitlines()[0][:300]
                 self.log.add(f"final drain {name}: {type(exc).__name__}: {self.final_errors[name]}")
-        self.log.add(f"final gc: {self._inproc(self._gc)}")
+        self.log.add(f"final gc: {self._inproc(lambda: self._gc(vacuum=True))}")
         for name, stream in streams.items():
             outcome = self._final_transform(stream)
             self.log.add(f"final transform {name}: {outcome}")
@@ -883,13 +891,6 @@ def batch_events(lake: Path, batch: Any) -> list[str] | None:
     return ids
 
 
-def read_table(path: Path, columns: list[str]) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    dataset = ds.dataset(str(path), format="parquet", partitioning="hive")
-    return dataset.to_table(columns=columns).to_pylist()
-
-
 class Oracle:
     def __init__(self, torture: Torture) -> None:
         self.t = torture
@@ -968,27 +969,17 @@ class Oracle:
         self, name: str, stream: StreamConfig, refs: list[Ref], expected: list[Ref]
     ) -> None:
         t = self.t
-        tstate = TransformState(t.store)
-        versions = tstate.versions(name)
-        parts = tstate.version_parts(name, versions[-1].version) if versions else []
-        columns = ["_tm_db", "_tm_coll", "_tm_key", "_tm_document", "_tm_event_id", "_tm_deleted"]
-        # The merge rule (jobs.transform.merge), stated again here: per key the row with the
-        # greatest event id wins, the later directory on a tie; deleted rows are hidden.
-        newest: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # Each collection's `current` as any Delta reader sees it (`deltalake`, no Tidemark
+        # code): its rows are the live documents, with no rule to apply.
+        got: dict[tuple[str, str, str], str] = {}
         problems = []
-        for part in parts:
-            seen_here: set[tuple[str, str, str]] = set()
-            for r in read_table(t.lake / part.path, columns):
-                if r["_tm_key"] is None:
-                    continue  # a namespace barrier
-                key = (r["_tm_db"], r["_tm_coll"], r["_tm_key"])
-                if key in seen_here:
-                    problems.append(f"key twice in {part.path}: {key}")
-                seen_here.add(key)
-                held = newest.get(key)
-                if held is None or r["_tm_event_id"] >= held["_tm_event_id"]:
-                    newest[key] = r
-        got = {k: r["_tm_document"] for k, r in newest.items() if not r["_tm_deleted"]}
+        for (db, coll), path in current_tables(t.store, t.lake, name).items():
+            rows = query(path, "SELECT _tm_key, _tm_document FROM t")
+            for r in rows:
+                key = (db, coll, r["_tm_key"])
+                if key in got:
+                    problems.append(f"key twice in {path}: {key}")
+                got[key] = r["_tm_document"]
         if name in FOLD_STREAMS:
             want, unsure = python_fold(expected, stream.database, stream.collection)
             note = (
@@ -1032,9 +1023,9 @@ class Oracle:
     def _check_changes(self, name: str, refs: list[Ref], expected: list[Ref], lost: int) -> None:
         rows = [
             row
-            for run in TransformState(self.t.store).change_log_runs(name)
-            if run.changes_path
-            for row in read_table(self.t.lake / run.changes_path, ["event_id", "operation_type"])
+            for table in TransformState(self.t.store).tables(name)
+            if table.kind == "changes"
+            for row in query(self.t.lake / table.path, "SELECT event_id, operation_type FROM t")
         ]
         logged = [r["event_id"] for r in rows if r["operation_type"] not in SNAPSHOT_OPS]
         self.captured[name] = len(logged)

@@ -1,0 +1,50 @@
+"""Reading the curated Delta tables the way any engine's user would: with the `deltalake`
+package (Rust, no JVM, no Tidemark code), at each table's newest version. The tables are found
+from the state store's record of them (`TransformState.tables`, lake-relative paths)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+
+from state import StateStore, TransformState
+
+
+def query(path: Path, sql: str) -> list[dict[str, Any]]:
+    """`sql` over the Delta table at `path`, registered as `t`. QueryBuilder, not
+    `to_pyarrow_table`: it reads tables with deletion vectors."""
+    reader = QueryBuilder().register("t", DeltaTable(str(path))).execute(sql)
+    return pa.table(reader.read_all()).to_pylist()
+
+
+def delta_version(path: Path) -> int:
+    return DeltaTable(str(path)).version()
+
+
+def current_tables(store: StateStore, lake: Path, stream: str) -> dict[tuple[str, str], Path]:
+    return {
+        (t.db, t.coll): lake / t.path
+        for t in TransformState(store).tables(stream)
+        if t.kind == "current"
+    }
+
+
+def current_documents(path: Path) -> dict[str, str]:
+    """One collection's `current`: canonical key -> canonical document (a key twice fails)."""
+    rows = query(path, "SELECT _tm_key, _tm_document FROM t")
+    state = {r["_tm_key"]: r["_tm_document"] for r in rows}
+    assert len(state) == len(rows), f"a key appears twice in {path}"
+    return state
+
+
+def changes_event_ids(store: StateStore, lake: Path, stream: str) -> list[str]:
+    """Every event id in the stream's `changes` tables, as often as each is there."""
+    return [
+        r["event_id"]
+        for t in TransformState(store).tables(stream)
+        if t.kind == "changes"
+        for r in query(lake / t.path, "SELECT event_id FROM t")
+    ]
