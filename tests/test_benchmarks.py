@@ -53,15 +53,12 @@ def test_transform_benchmark_smoke():
         "2000",
         "--changes",
         "300",
-        "2000",
-        "--master",
-        "local[2]",
         "--warm",
         "1",
     )
     assert "warm s (median of 1)" in out
-    assert "| initial load, 2,000 documents | 2,000 | 2,000 |" in out
-    assert "| 300 updates into 2,000 (merge) | 300 | 2,000 |" in out
-    assert "| 2,000 updates into 2,000 (merge) | 2,000 | 2,000 |" in out
-    assert "compaction: base + 2 deltas -> one base" in out
-    assert "Where a run's time goes" in out
+    assert "| first load of 2,000 documents | 2,000 | 2,000 |" in out
+    assert "| 300 updates into 2,000 | 300 | 2,000 |" in out
+    assert "| a quiet run (nothing new) | 0 |" in out
+    assert "| anchor: full recompute of current from changes |" in out
+    assert "x the typed columns alone" in out
