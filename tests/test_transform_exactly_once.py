@@ -337,7 +337,8 @@ def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_b
     with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
     compacted = compact(spark, sqlite_store, lake, stream)  # rewrites every file: OPTIMIZE
-    assert (compacted.version, compacted.deltas) == (4, 3)
+    # The first run is the base the merges are counted from: runs 2 and 3 are its debt.
+    assert (compacted.version, compacted.deltas) == (4, 2)
     states[4] = states[3]
 
     # The default --min-age: a reader that resolved a version just before has that long.
