@@ -122,6 +122,10 @@ def session_settings(config: SparkConfig) -> dict[str, str]:
         # A write partitioned by date (the change log) keeps a file open per date a task
         # meets instead of sorting the task's rows by date first: a run spans one or two.
         "spark.sql.maxConcurrentOutputFileWriters": "4",
+        # Delta rebuilds a table's file list (its snapshot) in 50 tasks by default, sized for
+        # logs of millions of files: a Tidemark table's log lists a few hundred, and every
+        # MERGE and read pays that job, so it gets the shuffle's partitions.
+        "spark.databricks.delta.snapshotPartitions": str(config.shuffle_partitions),
         **config.conf,
     }
 
