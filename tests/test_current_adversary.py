@@ -19,15 +19,6 @@ from tests.helpers.oracle import (
 )
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from resources.spark import SparkConfig, spark_session, stop_if_created
-
-    session, created = spark_session(SparkConfig(master="local[1]", driver_memory="1g"))
-    yield session
-    stop_if_created(session, created)
-
-
 def _rows_match(spark, store, lake, stream) -> None:
     """Invariant 4: each kept version's stored row count is what a reader counts, for the
     stream and for each of its tables."""

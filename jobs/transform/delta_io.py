@@ -41,6 +41,8 @@ CURRENT_PROPERTIES = {
     "delta.columnMapping.mode": "name",
 }
 CHANGES_PROPERTIES = {"delta.appendOnly": "true"}
+# Table features Delta will not enable in a commit that also writes rows.
+EMPTY_FIRST = frozenset({"delta.enableChangeDataFeed", "delta.columnMapping.mode"})
 REMOVED_PROPERTIES = {"delta.enableDeletionVectors": "true"}
 # For kill tests only (tests/helpers/crash_child.py), None otherwise: called as
 # COMMIT_HOOK("before" | "after", path, slot) around each marked commit, so a test's child
@@ -160,16 +162,22 @@ class RunWriter:
         slot: int,
         partition_by: list[str] | None = None,
     ) -> None:
-        """Append `frame` to the table at `path`, made first (empty, with `properties`) when
-        there is none. The empty table is a commit of its own, without a mark: Delta refuses
-        to enable column mapping and the change feed in a commit that writes rows, and a table
-        left empty by a kill is merged into like any other."""
-        if not is_table(path):
-            empty = frame.limit(0).write.format("delta").options(**properties)
-            if partition_by:
-                empty = empty.partitionBy(*partition_by)
-            empty.save(str(path))
+        """Append `frame` to the table at `path`, made with `properties` when there is none.
+        A table with column mapping or the change feed is made empty first, in a commit of
+        its own without a mark: Delta refuses to enable them in a commit that writes rows, and
+        a table left empty by a kill is merged into like any other. Any other table is made
+        by its first marked append (one commit fewer per new table)."""
         writer = frame.write.format("delta").mode("append")
+        if not is_table(path):
+            if properties.keys() & EMPTY_FIRST:
+                empty = frame.limit(0).write.format("delta").options(**properties)
+                if partition_by:
+                    empty = empty.partitionBy(*partition_by)
+                empty.save(str(path))
+            else:
+                writer = writer.options(**properties)
+                if partition_by:
+                    writer = writer.partitionBy(*partition_by)
         with self._marked(path, slot) as needed:
             if needed:
                 writer.save(str(path))
