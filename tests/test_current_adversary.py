@@ -6,9 +6,11 @@ import pytest
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import compact, read_current, transform
+from jobs.transform.delta_io import RunWriter
 from resources.mongo import cluster_time
 from state import TransformState
-from tests.helpers.lake_reading import marked_commits, newest_delta_version
+from tests.helpers.delta_reading import current_documents, current_tables
+from tests.helpers.lake_reading import marked_commits, unrecorded_commits
 from tests.helpers.oracle import (
     capture_events,
     commit_raw_batch,
@@ -289,9 +291,40 @@ def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event
         _rows_match(spark, sqlite_store, lake, stream)
     tstate = TransformState(sqlite_store)
     for table in tstate.tables(stream.name):  # the store agrees with every table's log
-        assert table.delta_version == newest_delta_version(lake / table.path), table.path
+        assert not unrecorded_commits(lake / table.path, table.delta_version), table.path
         marks = marked_commits(lake / table.path)
         assert len(marks) == len(set(marks)), f"{table.path}: a commit made twice"
+
+
+def test_a_run_dying_after_a_rewrite_turned_the_change_feed_off_rewrites_on_its_repeat(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    """A type change rewrites the table with its change feed off for that one commit. The
+    switch is a commit of its own: a repeat must not take it for the rewrite."""
+    coll = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    coll.insert_many([{"_id": i, "n": i} for i in range(3)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    coll.update_one({"_id": 1}, {"$set": {"n": "one"}})  # int -> string: a rewrite
+    drain(stream, raw_client, sqlite_store, lake)
+    switch = RunWriter.set_change_feed
+
+    def dies_once_switched_off(writer, path, enabled):
+        switch(writer, path, enabled)
+        if not enabled:
+            raise _Die
+
+    monkeypatch.setattr(RunWriter, "set_change_feed", dies_once_switched_off)
+    with pytest.raises(_Die):
+        transform(spark, sqlite_store, lake, stream)
+    monkeypatch.undo()
+    assert transform(spark, sqlite_store, lake, stream).repeated
+    (path,) = current_tables(sqlite_store, lake, stream.name).values()
+    assert current_documents(path) == source_state(raw_client, db_name, "orders")
+    rows = spark.read.format("delta").load(str(path)).select("_id", "n").collect()
+    assert sorted((r._id, r.n) for r in rows) == [(0, "0"), (1, "one"), (2, "2")]
 
 
 def test_a_resnapshot_after_merges_then_late_events_matches_the_source(

@@ -195,12 +195,20 @@ class RunWriter:
         self.set_change_feed(path, True)
 
     def set_change_feed(self, path: Path, enabled: bool) -> None:
-        """Turn the table's change feed on or off (idempotent: no mark needed)."""
+        """Turn the table's change feed on or off. Idempotent, so never marked, even inside
+        a marked write (`overwrite`): a mark names the one commit that holds a slot's rows."""
         value = "true" if enabled else "false"
-        self.spark.sql(
-            f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES "
-            f"(delta.enableChangeDataFeed = {value})"
-        ).collect()
+        conf = self.spark.conf
+        mark = conf.get(MARK, None)
+        conf.unset(MARK)
+        try:
+            self.spark.sql(
+                f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES "
+                f"(delta.enableChangeDataFeed = {value})"
+            ).collect()
+        finally:
+            if mark is not None:
+                conf.set(MARK, mark)
 
     def sql(self, statement: str, path: Path, slot: int, source: Any | None = None) -> list[Any]:
         """Run a DML statement on the table at `path`; `source`, when given, is the view

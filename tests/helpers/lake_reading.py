@@ -57,8 +57,21 @@ def marked_commits(table_dir: Path) -> list[tuple[str, int]]:
     return marks
 
 
-def newest_delta_version(table_dir: Path) -> int:
-    return max(c["version"] for c in delta_log(table_dir))
+MAINTENANCE = frozenset({"VACUUM START", "VACUUM END"})
+
+
+def unrecorded_commits(table_dir: Path, recorded: int) -> list[int]:
+    """The table's versions after `recorded` (the state store's) that changed data: a run's
+    commit the store does not know. VACUUM's own commits change none, and may follow the
+    recorded version unrecorded (`tidemark gc` runs between transforms)."""
+    commits = delta_log(table_dir)
+    assert recorded <= max(c["version"] for c in commits), f"{table_dir}: {recorded} is ahead"
+    return [
+        c["version"]
+        for c in commits
+        if c["version"] > recorded
+        and not any(a.get("commitInfo", {}).get("operation") in MAINTENANCE for a in c["actions"])
+    ]
 
 
 def data_files(table_dir: Path) -> set[str]:
