@@ -155,7 +155,7 @@ def test_a_server_killed_mid_run_is_an_error_with_its_fix_then_restarted(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "using the local Spark Connect server" in done.stderr and "(started;" in done.stderr
     row = done.stdout.splitlines()[-1].split()
-    assert row[:6] == ["orders", "1", "30", "30", "1", "(base)"], done.stdout
+    assert row[:6] == ["orders", "1", "30", "30", "1", "(merge)"], done.stdout
     assert running_server(home) is not None
 
 
