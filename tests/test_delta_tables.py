@@ -13,9 +13,10 @@ from deltalake import DeltaTable, QueryBuilder
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import name_of, segment
-from jobs.transform import transform
-from state import TransformState
+from jobs.transform import read_changes, read_current, transform
+from state import StateStore, TransformState
 from tests.helpers.oracle import source_state
+from tidemark.errors import CuratedTableMissing
 
 
 def delta_rs(path, sql: str) -> pa.Table:
@@ -193,3 +194,17 @@ def test_field_names_that_collide_with_sql_or_tidemark_survive_end_to_end(
         sql.execute('SELECT count(*) AS n FROM t WHERE "rn" >= 2').read_all()["n"].to_pylist()
     )
     assert count == 3
+
+
+@pytest.mark.fast
+def test_reading_a_table_no_run_made_yet_names_the_fix(tmp_path):
+    store = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    fix = "Run the transform after a drain"
+    with pytest.raises(
+        CuratedTableMissing, match=rf"no current-state table for shop\.orders yet\. {fix}"
+    ):
+        read_current(None, store, tmp_path, "orders", db="shop", coll="orders")
+    with pytest.raises(
+        CuratedTableMissing, match=rf"Stream 'orders' has no change log yet\. {fix}"
+    ):
+        read_changes(None, store, tmp_path, "orders")

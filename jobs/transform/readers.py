@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
+from jobs.transform.delta_io import quoted
 from state import CuratedTable, StateStore, TransformState
 from tidemark.errors import CuratedTableMissing
 
@@ -28,12 +29,7 @@ def read_changes(
     coll: str | None = None,
 ) -> Any:
     """The change log: one row per event, de-duplicated, partitioned by date."""
-    tables = _chosen(store, stream, "changes", None, db, coll)
-    if not tables:
-        raise CuratedTableMissing(
-            f"Stream {stream!r} has no change log{_where(db, coll)} yet.",
-            "Run the transform after a drain.",
-        )
+    tables = _chosen(store, stream, "changes", None, db, coll, "change log")
     return _union(spark, lake_root, tables, with_namespace=False)
 
 
@@ -58,17 +54,8 @@ def read_current(
                 f"Kept versions: {', '.join(map(str, kept)) or 'none'} (raise keep_versions "
                 "in the streams config to keep more).",
             )
-    tables = _chosen(store, stream, "current", version, db, coll)
-    if not tables:
-        raise CuratedTableMissing(
-            f"Stream {stream!r} has no current-state table{_where(db, coll)} yet.",
-            "Run the transform after a drain.",
-        )
+    tables = _chosen(store, stream, "current", version, db, coll, "current-state table")
     return _union(spark, lake_root, tables, with_namespace=True)
-
-
-def _where(db: str | None, coll: str | None) -> str:
-    return "" if db is None else f" for {db}.{coll}" if coll is not None else f" for {db}"
 
 
 def _chosen(
@@ -78,12 +65,21 @@ def _chosen(
     version: int | None,
     db: str | None,
     coll: str | None,
+    what: str,
 ) -> list[CuratedTable]:
-    return [
+    """The stream's tables of `kind` (of one database or collection when named) at run
+    `version`; CuratedTableMissing when there is none."""
+    tables = [
         t
         for t in TransformState(store).tables(stream, version)
         if t.kind == kind and (db is None or t.db == db) and (coll is None or t.coll == coll)
     ]
+    if not tables:
+        where = "" if db is None else f" for {db}.{coll}" if coll is not None else f" for {db}"
+        raise CuratedTableMissing(
+            f"Stream {stream!r} has no {what}{where} yet.", "Run the transform after a drain."
+        )
+    return tables
 
 
 def read_table(spark: Any, lake_root: Path, table: CuratedTable) -> Any:
@@ -103,7 +99,7 @@ def _union(spark: Any, lake_root: Path, tables: list[CuratedTable], with_namespa
             frame = frame.select(
                 F.lit(table.db).alias("_tm_db"),
                 F.lit(table.coll).alias("_tm_coll"),
-                *(F.col(f"`{c.replace('`', '``')}`") for c in frame.columns),
+                *(F.col(quoted(c)) for c in frame.columns),
             )
         frames.append(frame)
     if len(frames) == 1:
@@ -116,8 +112,7 @@ def _union(spark: Any, lake_root: Path, tables: list[CuratedTable], with_namespa
     result = None
     for frame in frames:
         columns = [
-            F.col(f"`{c.replace('`', '``')}`").cast("string").alias(c) if c in mixed else c
-            for c in frame.columns
+            F.col(quoted(c)).cast("string").alias(c) if c in mixed else c for c in frame.columns
         ]
         frame = frame.select(*columns) if mixed else frame
         result = frame if result is None else result.unionByName(frame, allowMissingColumns=True)
