@@ -212,6 +212,16 @@ def spark():
     stop_if_created(session, created)
 
 
+@pytest.fixture
+def tiny_mongod(tmp_path: Path) -> Iterator[Mongod]:
+    """A replica set of the test's own with a 1 MB oplog, for history lost on purpose
+    (`tests.helpers.oplog.roll_oplog_past`): `--syncdelay 1` lets the server truncate its
+    oplog within seconds instead of a minute (FIELD-NOTES)."""
+    server = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
+    yield server
+    stop_mongod(server)
+
+
 @pytest.fixture(scope="session")
 def auth_mongod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mongod, str]]:
     """A replica set with access control and a least-privilege user; returns (server, URI)."""

@@ -39,64 +39,56 @@ def test_standalone_server_is_refused_with_the_replica_set_message(tmp_path):
 
 
 def test_token_older_than_the_oplog_is_a_clear_error_and_the_checkpoint_stays(
-    tmp_path, sqlite_store, make_stream
+    tmp_path, sqlite_store, make_stream, tiny_mongod
 ):
-    small = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
-    try:
-        writer: MongoClient = connect(small.uri)
-        raw = connect(small.uri, raw=True)
-        stream = make_stream(database="shop", collection="orders")
-        lake = tmp_path / "lake"
-        drain(stream, raw, sqlite_store, lake)
-        writer.shop.orders.insert_one({"first": True})
-        drain(stream, raw, sqlite_store, lake)
-        kept = sqlite_store.checkpoint(stream.name)
-        batches = sqlite_store.batch_count(stream.name)
+    writer: MongoClient = connect(tiny_mongod.uri)
+    raw = connect(tiny_mongod.uri, raw=True)
+    stream = make_stream(database="shop", collection="orders")
+    lake = tmp_path / "lake"
+    drain(stream, raw, sqlite_store, lake)
+    writer.shop.orders.insert_one({"first": True})
+    drain(stream, raw, sqlite_store, lake)
+    kept = sqlite_store.checkpoint(stream.name)
+    batches = sqlite_store.batch_count(stream.name)
 
-        roll_oplog_past(writer, kept.cluster_time)
+    roll_oplog_past(writer, kept.cluster_time)
 
-        with pytest.raises(HistoryLost) as lost:
-            drain(stream, raw, sqlite_store, lake)
-        message = str(lost.value)
-        assert "'orders'" in message and "no longer in the oplog" in message
-        assert "oplog's first entry is at" in message
-        assert "tidemark reset orders --to-now" in message and "re-snapshot" in message
-        assert sqlite_store.checkpoint(stream.name) == kept
-        assert sqlite_store.batch_count(stream.name) == batches
-        writer.close()
-        raw.close()
-    finally:
-        stop_mongod(small)
+    with pytest.raises(HistoryLost) as lost:
+        drain(stream, raw, sqlite_store, lake)
+    message = str(lost.value)
+    assert "'orders'" in message and "no longer in the oplog" in message
+    assert "oplog's first entry is at" in message
+    assert "tidemark reset orders --to-now" in message and "re-snapshot" in message
+    assert sqlite_store.checkpoint(stream.name) == kept
+    assert sqlite_store.batch_count(stream.name) == batches
+    writer.close()
+    raw.close()
 
 
 def test_a_replay_window_that_falls_off_the_oplog_while_read_is_refused(
-    tmp_path, sqlite_store, make_stream, monkeypatch
+    tmp_path, sqlite_store, make_stream, monkeypatch, tiny_mongod
 ):
     """The oplog rolls past a window's start between the window check and the read (the
     check is stood down here to stand for that moment): the server's history-lost answer is
     the replay's own refusal, nothing is committed, and the checkpoint stays."""
-    small = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
-    try:
-        writer: MongoClient = connect(small.uri)
-        raw = connect(small.uri, raw=True)
-        stream = make_stream(database="shop", collection="orders")
-        lake = tmp_path / "lake"
-        drain(stream, raw, sqlite_store, lake)
-        start = datetime.now(UTC) - timedelta(seconds=1)
-        writer.shop.orders.insert_one({"in_the_window": True})
-        kept = sqlite_store.checkpoint(stream.name)
-        roll_oplog_past(writer, pack_ts(datetime_to_ts(start + timedelta(seconds=2))))
-        end = datetime.now(UTC) - timedelta(seconds=1)
-        monkeypatch.setattr(_replay, "check_window", lambda *args: None)
-        with pytest.raises(ReplayRefused) as refused:
-            replay(stream, raw, sqlite_store, lake, start, end)
-        assert "fell off the oplog" in str(refused.value)
-        assert sqlite_store.batches(stream.name, source="replay") == []
-        assert sqlite_store.checkpoint(stream.name) == kept
-        writer.close()
-        raw.close()
-    finally:
-        stop_mongod(small)
+    writer: MongoClient = connect(tiny_mongod.uri)
+    raw = connect(tiny_mongod.uri, raw=True)
+    stream = make_stream(database="shop", collection="orders")
+    lake = tmp_path / "lake"
+    drain(stream, raw, sqlite_store, lake)
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    writer.shop.orders.insert_one({"in_the_window": True})
+    kept = sqlite_store.checkpoint(stream.name)
+    roll_oplog_past(writer, pack_ts(datetime_to_ts(start + timedelta(seconds=2))))
+    end = datetime.now(UTC) - timedelta(seconds=1)
+    monkeypatch.setattr(_replay, "check_window", lambda *args: None)
+    with pytest.raises(ReplayRefused) as refused:
+        replay(stream, raw, sqlite_store, lake, start, end)
+    assert "fell off the oplog" in str(refused.value)
+    assert sqlite_store.batches(stream.name, source="replay") == []
+    assert sqlite_store.checkpoint(stream.name) == kept
+    writer.close()
+    raw.close()
 
 
 def test_changed_pipeline_refuses_to_resume_and_names_reset(raw_client, store, lake, make_stream):

@@ -26,7 +26,6 @@ from bson.datetime_ms import DatetimeMS
 from jobs.capture import drain, drain_until_caught_up
 from jobs.capture.snapshot import key_from_text, read_chunk
 from jobs.transform import read_current, transform
-from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from tests.helpers.oplog import roll_oplog_past
 from tests.helpers.oracle import burst, canonical, current_state, make_doc, source_state
@@ -127,95 +126,87 @@ def test_a_killed_snapshot_resumes_from_its_last_committed_chunk(
 
 @pytest.mark.parametrize("policy", ["fail", "resnapshot"])
 def test_lost_history_fails_or_resnapshots_to_an_exact_state(
-    policy, spark, tmp_path, sqlite_store, make_stream
+    policy, spark, tmp_path, sqlite_store, make_stream, tiny_mongod
 ):
-    small = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
     lake = tmp_path / "lake"
-    try:
-        client = connect(small.uri)
-        raw = connect(small.uri, raw=True)
-        client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
-        stream = make_stream(
-            database="shop",
-            collection="orders",
-            start="snapshot",
-            on_history_lost=policy,
-            snapshot_chunk_size=64,
-        )
-        drain_until_caught_up(stream, raw, sqlite_store, lake)
-        transform(spark, sqlite_store, lake, stream)
-        kept = sqlite_store.checkpoint(stream.name)
-        # While the stream is away: deletes and updates, then the oplog rolls past its token.
-        client.shop.orders.delete_many({"_id": {"$lt": 50}})
-        client.shop.orders.update_many({}, {"$inc": {"v": 1000}})
-        roll_oplog_past(client, kept.cluster_time)
-        client.shop.filler.drop()
+    client = connect(tiny_mongod.uri)
+    raw = connect(tiny_mongod.uri, raw=True)
+    client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
+    stream = make_stream(
+        database="shop",
+        collection="orders",
+        start="snapshot",
+        on_history_lost=policy,
+        snapshot_chunk_size=64,
+    )
+    drain_until_caught_up(stream, raw, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    kept = sqlite_store.checkpoint(stream.name)
+    # While the stream is away: deletes and updates, then the oplog rolls past its token.
+    client.shop.orders.delete_many({"_id": {"$lt": 50}})
+    client.shop.orders.update_many({}, {"$inc": {"v": 1000}})
+    roll_oplog_past(client, kept.cluster_time)
+    client.shop.filler.drop()
 
-        if policy == "fail":
-            batches = sqlite_store.batch_count(stream.name)
-            with pytest.raises(HistoryLost):
-                drain(stream, raw, sqlite_store, lake)
-            assert sqlite_store.checkpoint(stream.name) == kept
-            assert sqlite_store.batch_count(stream.name) == batches
-            return
-        result = drain(stream, raw, sqlite_store, lake)
-        assert result.snapshot is not None and result.snapshot.reason == "history lost"
-        drain_until_caught_up(stream, raw, sqlite_store, lake)
-        transform(spark, sqlite_store, lake, stream)
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
-        assert got == source_state(raw, "shop", "orders")
-        assert len(got) == 150  # the 50 deleted in the gap are gone from current too
-        client.close()
-        raw.close()
-    finally:
-        stop_mongod(small)
+    if policy == "fail":
+        batches = sqlite_store.batch_count(stream.name)
+        with pytest.raises(HistoryLost):
+            drain(stream, raw, sqlite_store, lake)
+        assert sqlite_store.checkpoint(stream.name) == kept
+        assert sqlite_store.batch_count(stream.name) == batches
+        return
+    result = drain(stream, raw, sqlite_store, lake)
+    assert result.snapshot is not None and result.snapshot.reason == "history lost"
+    drain_until_caught_up(stream, raw, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw, "shop", "orders")
+    assert len(got) == 150  # the 50 deleted in the gap are gone from current too
+    client.close()
+    raw.close()
 
 
 def test_a_copy_outrun_by_the_oplog_says_so_and_the_next_run_copies_again(
-    spark, tmp_path, sqlite_store, make_stream
+    spark, tmp_path, sqlite_store, make_stream, tiny_mongod
 ):
     """on_history_lost: resnapshot, and the oplog rolls past the fresh copy's time while it
     copies: the run ends with SnapshotOutrun (a HistoryLost) naming the fix, the copy stays
     committed and nothing else moves; the next run copies again and `current` is exact."""
-    small = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
     lake = tmp_path / "lake"
-    try:
-        client = connect(small.uri)
-        raw = connect(small.uri, raw=True)
-        client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
-        stream = make_stream(
-            database="shop",
-            collection="orders",
-            on_history_lost="resnapshot",
-            snapshot_chunk_size=64,
-        )
-        drain_until_caught_up(stream, raw, sqlite_store, lake)
-        kept = sqlite_store.checkpoint(stream.name)
-        client.shop.orders.delete_many({"_id": {"$lt": 50}})
-        roll_oplog_past(client, kept.cluster_time)
+    client = connect(tiny_mongod.uri)
+    raw = connect(tiny_mongod.uri, raw=True)
+    client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
+    stream = make_stream(
+        database="shop",
+        collection="orders",
+        on_history_lost="resnapshot",
+        snapshot_chunk_size=64,
+    )
+    drain_until_caught_up(stream, raw, sqlite_store, lake)
+    kept = sqlite_store.checkpoint(stream.name)
+    client.shop.orders.delete_many({"_id": {"$lt": 50}})
+    roll_oplog_past(client, kept.cluster_time)
 
-        def roll_during_the_copy(snapshot) -> None:
-            if snapshot.reason == "history lost" and snapshot.chunks == 1:
-                roll_oplog_past(client, snapshot.cluster_time)
+    def roll_during_the_copy(snapshot) -> None:
+        if snapshot.reason == "history lost" and snapshot.chunks == 1:
+            roll_oplog_past(client, snapshot.cluster_time)
 
-        with pytest.raises(SnapshotOutrun) as outrun:
-            drain(stream, raw, sqlite_store, lake, after_chunk=roll_during_the_copy)
-        assert "replSetResizeOplog" in outrun.value.fix
-        copy = sqlite_store.running_snapshot(stream.name)
-        assert copy is None  # the copy finished and is committed
-        client.shop.filler.drop()
+    with pytest.raises(SnapshotOutrun) as outrun:
+        drain(stream, raw, sqlite_store, lake, after_chunk=roll_during_the_copy)
+    assert "replSetResizeOplog" in outrun.value.fix
+    copy = sqlite_store.running_snapshot(stream.name)
+    assert copy is None  # the copy finished and is committed
+    client.shop.filler.drop()
 
-        result = drain(stream, raw, sqlite_store, lake)  # copies again, then goes on
-        assert result.snapshot is not None and result.snapshot.reason == "history lost"
-        drain_until_caught_up(stream, raw, sqlite_store, lake)
-        transform(spark, sqlite_store, lake, stream)
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
-        assert got == source_state(raw, "shop", "orders")
-        assert len(got) == 150
-        client.close()
-        raw.close()
-    finally:
-        stop_mongod(small)
+    result = drain(stream, raw, sqlite_store, lake)  # copies again, then goes on
+    assert result.snapshot is not None and result.snapshot.reason == "history lost"
+    drain_until_caught_up(stream, raw, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    assert got == source_state(raw, "shop", "orders")
+    assert len(got) == 150
+    client.close()
+    raw.close()
 
 
 # -- _id order across BSON types, byte-bounded chunks, dates outside Python's range ----------

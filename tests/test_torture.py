@@ -9,7 +9,6 @@ import os
 
 import pytest
 
-from resources.embedded_mongo import start_mongod, stop_mongod
 from tests.helpers.torture import TortureConfig, run_torture
 
 # A fixed seed or two; TIDEMARK_TORTURE_SEED runs another one (the soak takes any).
@@ -30,16 +29,12 @@ def test_torture(seed, mongod, spark, tmp_path):
 
 
 @pytest.mark.slow
-def test_torture_history_lost_resnapshots(spark, tmp_path):
+def test_torture_history_lost_resnapshots(spark, tmp_path, tiny_mongod):
     """The tiny-oplog variant: `on_history_lost: resnapshot` streams rolled past, on a mongod
     of their own (`--oplogSize 1 --syncdelay 1`, see FIELD-NOTES)."""
-    small = start_mongod(tmp_path / "small", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
-    try:
-        cfg = TortureConfig(seed=SEEDS[0], write_seconds=SECONDS / 2, history_lost=True)
-        ok, text, _ = run_torture(
-            small.uri, tmp_path / "lake", f"sqlite:///{tmp_path / 'state.db'}", cfg, spark
-        )
-    finally:
-        stop_mongod(small)
+    cfg = TortureConfig(seed=SEEDS[0], write_seconds=SECONDS / 2, history_lost=True)
+    ok, text, _ = run_torture(
+        tiny_mongod.uri, tmp_path / "lake", f"sqlite:///{tmp_path / 'state.db'}", cfg, spark
+    )
     print(text)
     assert ok, text
