@@ -15,6 +15,7 @@ from jobs.curated_zone import removed_dir
 from jobs.transform import read_changes, read_current, transform
 from jobs.transform.change_log import CHANGES_COLUMNS
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
+from tests.helpers.delta_reading import delta_version
 from tests.helpers.lake_reading import delta_log, marked_commits, unrecorded_commits
 from tests.helpers.oracle import (
     burst,
@@ -246,7 +247,7 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 10
     # The dead attempt's commits are in the tables' logs, unrecorded.
     assert any(unrecorded_commits(lake / t.path, t.delta_version) for t in before)
-    made = {t.path: max(c["version"] for c in delta_log(lake / t.path)) for t in before}
+    made = {t.path: delta_version(lake / t.path) for t in before}
 
     result = transform(spark, sqlite_store, lake, stream)  # simply run again
     assert result.version == 2 and result.changes_added == 5
