@@ -163,3 +163,73 @@ def _type_name(spark_type: Any) -> str:
         inner = ",".join(f"{f['name']}:{_type_name(f['type'])}" for f in spark_type["fields"])
         return f"struct<{inner}>"
     return str(kind)
+
+
+@dataclass(frozen=True)
+class SchemaDrift:
+    """What the newest run that changed a `current` table did to its columns."""
+
+    db: str
+    coll: str
+    run: int
+    added: list[str]
+    changed: list[str]  # "field: old -> new"
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.added or self.changed)
+
+
+def schema_drift(store: StateStore, stream: str) -> list[SchemaDrift]:
+    """Each `current` table's columns as its newest run left them against the run before that
+    (a table's first run adds its columns, which is not drift)."""
+    tstate = TransformState(store)
+    newest = [t for t in tstate.tables(stream) if t.kind == "current"]
+    before: dict[int, dict[tuple[str, str], CuratedTable]] = {}
+    drifts = []
+    for table in newest:
+        if table.run not in before:
+            earlier = tstate.tables(stream, run=table.run - 1)
+            before[table.run] = {(t.db, t.coll): t for t in earlier if t.kind == "current"}
+        previous = before[table.run].get((table.db, table.coll))
+        if previous is None:
+            drifts.append(SchemaDrift(table.db, table.coll, table.run, [], []))
+            continue
+        old = {c.name: c.type for c in document_columns(previous.doc_schema)}
+        new = {c.name: c.type for c in document_columns(table.doc_schema)}
+        added = [name for name in new if name not in old]
+        changed = [f"{n}: {old[n]} -> {t}" for n, t in new.items() if n in old and old[n] != t]
+        drifts.append(SchemaDrift(table.db, table.coll, table.run, added, changed))
+    return drifts
+
+
+@dataclass(frozen=True)
+class FoldLag:
+    """How far the curated tables trail the raw zone: committed batches not folded yet."""
+
+    batches: int
+    oldest_committed_at: datetime | None
+
+    def seconds(self, now: datetime) -> float:
+        if self.oldest_committed_at is None:
+            return 0.0
+        return max(0.0, (now - self.oldest_committed_at).total_seconds())
+
+
+def fold_lag(store: StateStore, stream: str) -> FoldLag:
+    """The batches the next transform run would fold (a snapshot's chunks count once it is
+    whole), and when the oldest of them was committed."""
+    waiting = TransformState(store).untransformed_batches(stream)
+    times = [b.committed_at for b in waiting if b.committed_at is not None]
+    return FoldLag(len(waiting), min(times) if times else None)
+
+
+def table_names(store: StateStore, stream: str) -> list[tuple[str, str, TableName]]:
+    """(db, collection, kind) of every table the stream's runs have made (a database's own
+    events under the collection name `$database`)."""
+    found = TransformState(store).tables(stream)
+    return [
+        (t.db, t.coll or DATABASE_EVENTS, "current" if t.kind == "current" else "changes")
+        for t in found
+        if t.db  # events with no database are the stream's own markers, no collection's
+    ]

@@ -1,22 +1,20 @@
-"""The asset factory: per stream, a group of raw_changes -> changes -> current, and replay."""
+"""The capture's assets per stream: `raw_changes` (the drain) and `replay` (backfill by
+operation time); the transform's are in `orchestration.transform_assets`."""
 
 import warnings
-from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import dagster as dg
 
 from jobs.capture import drain, replay
-from jobs.catalog import stream_table
 from jobs.ops import stream_status
 from jobs.progress import ProgressCallback, describe, sparse
 from jobs.raw_zone import stream_root
-from jobs.transform import transform
-from orchestration.metadata import drain_metadata, explained, transform_metadata
+from orchestration.keys import keys, pool
+from orchestration.metadata import drain_metadata, explained
 from orchestration.resources import (
     LakeResource,
     MongoResource,
-    SparkResource,
     StateStoreResource,
 )
 from tidemark.config import StreamConfig
@@ -31,51 +29,6 @@ class DrainConfig(dg.Config):
 def progress_log(context: dg.AssetExecutionContext) -> ProgressCallback:
     """Long work's progress in the run's log: each phase, the end, and a line per 10 s."""
     return sparse(lambda progress: context.log.info(describe(progress)), every_s=10)
-
-
-def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
-    return {
-        name: dg.AssetKey([stream.name, name])
-        for name in ("raw_changes", "changes", "current", "replay")
-    }
-
-
-def pool(stream: StreamConfig) -> str:
-    """One concurrency pool per stream (limit 1): a stream never runs twice at once."""
-    return f"tidemark_{stream.name}"
-
-
-def on_new_raw_batches() -> dg.AutomationCondition:
-    """The transform's cadence (the condition of `changes`): requested when a dependency's data
-    version changed since the transform was last requested or ran (raw_changes: a new
-    committed batch; a replay window); never while it or a dependency is in progress."""
-    new_batches = dg.AutomationCondition.any_deps_match(
-        dg.AutomationCondition.data_version_changed()
-    ).with_label("a new raw batch")
-    return _unless_running(new_batches.since_last_handled()).with_label("on new raw batches")
-
-
-def on_freshness_warned() -> dg.AutomationCondition:
-    """The condition of `current`, the asset with the FreshnessPolicy (a condition reads its own
-    asset's freshness, so it cannot sit on `changes`): once its policy warns, one run of the
-    step (a quiet stream's starts no Spark and confirms `current` is whole)."""
-    warned = dg.AutomationCondition.freshness_warned().since_last_handled()
-    return _unless_running(warned).with_label("on freshness warned")
-
-
-def _unless_running(condition: dg.AutomationCondition) -> dg.AutomationCondition:
-    return (
-        condition
-        & ~dg.AutomationCondition.in_progress()
-        & ~dg.AutomationCondition.any_deps_in_progress()
-    )
-
-
-def current_freshness(stream: StreamConfig) -> dg.FreshnessPolicy:
-    """`current` should have been folded within the lag check's error threshold (warn) and
-    twice that (fail): the same budget the `lag` check gives the raw zone."""
-    error = timedelta(seconds=stream.checks.lag_error_seconds)
-    return dg.FreshnessPolicy.time_window(fail_window=2 * error, warn_window=error)
 
 
 def replay_partitions(
@@ -151,57 +104,7 @@ def stream_assets(
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
         warnings.simplefilter("ignore", dg.BetaWarning)
         replay_window = _replay_asset(stream, k, meta, first_checkpoint)
-
-    specs = [
-        dg.AssetSpec(
-            k["changes"],
-            deps=[k["raw_changes"], k["replay"]],
-            group_name=stream.name,
-            kinds={"spark", "delta"},
-            description="The change log: per collection a Delta table, one row per event, "
-            "de-duplicated by event id and partitioned by date.",
-            automation_condition=on_new_raw_batches(),
-        )
-    ]
-    if stream.current_table:
-        specs.append(
-            dg.AssetSpec(
-                k["current"],
-                deps=[k["changes"]],
-                group_name=stream.name,
-                kinds={"spark", "delta"},
-                description="The current state: per collection a Delta table with one row per "
-                "live document (the newest event per key wins, in event order), MERGEd by "
-                "each run; compaction is Delta OPTIMIZE.",
-                freshness_policy=current_freshness(stream),
-                automation_condition=on_freshness_warned(),
-            )
-        )
-
-    @dg.multi_asset(specs=specs, name=f"{stream.name}_transform", pool=pool(stream))
-    def spark_transform(
-        context: dg.AssetExecutionContext,
-        state: StateStoreResource,
-        lake: LakeResource,
-        spark: SparkResource,
-    ) -> Iterator[dg.MaterializeResult]:
-        """Folds the committed raw batches into `changes` and `current` in one Spark step."""
-        with explained():
-            # The session's factory, not a session: a run with no new batches starts no Spark.
-            result = transform(
-                spark.session, state.store(), lake.path, stream, progress=progress_log(context)
-            )
-            found = (
-                stream_table(state.store(), lake.path, stream.name, t)
-                for t in ("changes", "current")
-            )
-            now = [t for t in found if t is not None]
-        metadata = transform_metadata(result, now)
-        yield dg.MaterializeResult(asset_key=k["changes"], metadata=metadata["changes"])
-        if stream.current_table:
-            yield dg.MaterializeResult(asset_key=k["current"], metadata=metadata["current"])
-
-    return [raw_changes, replay_window, spark_transform]
+    return [raw_changes, replay_window]
 
 
 def _replay_asset(

@@ -1,12 +1,12 @@
-"""Asset checks per stream: lag, oplog headroom, current vs source count, uncommitted files."""
+"""Asset checks of a stream's raw zone: lag, oplog headroom, uncommitted files, the watched
+namespace (the collection tables' checks are in `orchestration.collection_checks`)."""
 
 import dagster as dg
 
-from jobs.ops import missing_namespace, source_count, stream_status, uncommitted_files
-from orchestration.assets import keys
+from jobs.ops import missing_namespace, stream_status, uncommitted_files
+from orchestration.keys import keys
 from orchestration.metadata import explained
 from orchestration.resources import LakeResource, MongoResource, StateStoreResource
-from state import TransformState
 from tidemark.config import StreamConfig
 
 
@@ -115,34 +115,4 @@ def stream_checks(stream: StreamConfig) -> list[dg.AssetChecksDefinition]:
     checks = [lag, headroom, orphans]
     if stream.scope != "cluster":
         checks.append(namespace)
-    if stream.current_table:
-
-        @dg.asset_check(asset=k["current"], name="row_count_matches_source", blocking=False)
-        def row_count(mongo: MongoResource, state: StateStoreResource) -> dg.AssetCheckResult:
-            """Rows in the newest `current` version against the source's documents that the
-            stream's pipeline lets through (a difference is expected while writes continue
-            after the run's token)."""
-            with explained():
-                latest = TransformState(state.store()).latest_version(stream.name)
-                checkpoint = state.store().checkpoint(stream.name)
-                drained_from = checkpoint.source if checkpoint else None
-                expected = source_count(mongo.client(), stream, drained_from)
-            rows = latest.rows if latest else 0
-            metadata: dict[str, object] = {
-                "current_rows": rows,
-                "source_documents": expected.total,
-                "difference": rows - expected.total,
-                "counted_by": expected.how,
-            }
-            if stream.scope != "collection":
-                metadata["source_documents_by_collection"] = dg.MetadataValue.json(
-                    expected.by_collection
-                )
-            return dg.AssetCheckResult(
-                passed=rows == expected.total,
-                severity=dg.AssetCheckSeverity.WARN,
-                metadata=metadata,
-            )
-
-        checks.append(row_count)
     return checks

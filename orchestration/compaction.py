@@ -3,15 +3,16 @@
 Compaction (Delta OPTIMIZE and a purge of deletion vectors) runs apart from the sync job, so a
 scheduled run never waits for it. The sensor asks the state store only (no Spark) whether
 enough runs merged since the last one (the stream's `compaction:` settings), and the job
-reports the tables as an observation of `current` (the rows are the same; only their files
-changed).
+reports each collection's `current` as an observation (the rows are the same; only their files
+changed), and what it did as one of `curated`.
 """
 
 import dagster as dg
 
-from jobs.catalog import stream_table
+from jobs.catalog import tables
+from jobs.curated_zone import DATABASE_EVENTS
 from jobs.transform import compact, delta_debt
-from orchestration.assets import keys, pool
+from orchestration.keys import keys, pool, table_key
 from orchestration.metadata import compaction_metadata, explained, table_metadata
 from orchestration.resources import LakeResource, SparkResource, StateStoreResource
 from tidemark.config import StreamConfig
@@ -33,9 +34,12 @@ def compaction_job(stream: StreamConfig) -> dg.JobDefinition:
         with explained():
             debt = delta_debt(state.store(), stream.name)
             result = compact(spark.session(), state.store(), lake.path, stream)
-            table = stream_table(state.store(), lake.path, stream.name, "current")
-        metadata = {**(table_metadata(table) if table else {}), **compaction_metadata(result, debt)}
-        context.log_event(dg.AssetObservation(asset_key=keys(stream)["current"], metadata=metadata))
+            now = [t for t in tables(state.store(), lake.path, stream.name) if t.table == "current"]
+        for table in now:
+            key = table_key(stream.name, table.db or "", table.coll or DATABASE_EVENTS, "current")
+            context.log_event(dg.AssetObservation(asset_key=key, metadata=table_metadata(table)))
+        metadata = compaction_metadata(result, debt)
+        context.log_event(dg.AssetObservation(asset_key=keys(stream)["curated"], metadata=metadata))
 
     @dg.job(
         name=compaction_job_name(stream),

@@ -19,11 +19,15 @@ import dagster as dg
 
 from orchestration.assets import replay_partitions, stream_assets
 from orchestration.checks import stream_checks
+from orchestration.collection_checks import collection_checks
 from orchestration.compaction import compaction_job, compaction_sensor
 from orchestration.config_errors import WHOLE_FILE, config_error_definitions
-from orchestration.replay_reach import first_checkpoints, replay_reach_check
+from orchestration.discovery import first_checkpoints, known_tables
+from orchestration.keys import TableName
+from orchestration.replay_reach import replay_reach_check
 from orchestration.resources import env_resources
 from orchestration.schedules import stream_jobs, sync_schedule
+from orchestration.transform_assets import transform_asset
 from tidemark.config import BrokenStream, StreamsFile, TidemarkConfig, load_streams
 from tidemark.errors import ConfigError
 from tidemark.settings import Settings
@@ -45,18 +49,24 @@ def build_definitions(
     resources: dict[str, Any] | None = None,
     broken: Sequence[BrokenStream] = (),
     first_checkpoints: dict[str, datetime] | None = None,
+    tables: dict[str, list[TableName]] | None = None,
 ) -> dg.Definitions:
     """Everything Tidemark contributes for the configured streams, and a report of each
     `broken` one; `resources` (from `build_resources`) replaces the environment's, for the demo
     and tests. `first_checkpoints` (stream -> time) starts each replay's partitions at its
-    stream's first checkpoint."""
+    stream's first checkpoint; `tables` (stream -> (db, collection, kind)) gives each
+    collection table the stream's runs made an asset (a collection stream's own are always
+    there)."""
     streams = config.streams
     firsts = first_checkpoints or {}
+    made = tables or {}
     reports = [config_error_definitions(b) for b in broken]
     return dg.Definitions(
         assets=[a for s in streams for a in stream_assets(s, firsts.get(s.name))]
+        + [transform_asset(s, made.get(s.name, [])) for s in streams]
         + [spec for spec, _, _ in reports],
         asset_checks=[check for stream in streams for check in stream_checks(stream)]
+        + [check for s in streams for check in collection_checks(s, made.get(s.name, []))]
         + [replay_reach_check(s, replay_partitions(s, firsts.get(s.name))) for s in streams]
         + [check for _, check, _ in reports],
         jobs=[job for stream in streams for job in stream_jobs(stream)]
@@ -80,8 +90,13 @@ def location_definitions(path: Path | str) -> dg.Definitions:
         streams_file = StreamsFile(Path(path), [], [BrokenStream(WHOLE_FILE, -1, exc)])
     config = TidemarkConfig.model_construct(streams=streams_file.streams)
     # When each stream took its first checkpoint: the replay partitions start there.
-    firsts = first_checkpoints(Settings.from_env().state_url)
-    return build_definitions(config, broken=streams_file.broken, first_checkpoints=firsts)
+    state_url = Settings.from_env().state_url
+    return build_definitions(
+        config,
+        broken=streams_file.broken,
+        first_checkpoints=first_checkpoints(state_url),
+        tables=known_tables(state_url, streams_file.streams),
+    )
 
 
 defs = location_definitions(os.environ.get("TIDEMARK_CONFIG", "streams.yaml"))

@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 
 from jobs.capture import DrainResult
-from jobs.catalog import TableState
+from jobs.catalog import SchemaDrift, TableState
 from jobs.ops import StreamStatus
 from jobs.transform import CompactionResult, DeltaDebt, TransformResult
 from tidemark.errors import TidemarkError
@@ -56,15 +56,6 @@ def table_metadata(table: TableState) -> dict[str, Any]:
         "version": table.version,
         "committed_at": dg.MetadataValue.timestamp(table.committed_at),
     }
-    if table.collections:  # a stream's summary: each collection's Delta table
-        metadata["collections"] = len(table.collections)
-        metadata["tables"] = dg.MetadataValue.md(
-            "| collection | Delta table | version | rows |\n|---|---|---:|---:|\n"
-            + "\n".join(
-                f"| {t.name} | `{t.location}` | {t.version} | {t.rows:,} |"
-                for t in table.collections
-            )
-        )
     return metadata
 
 
@@ -108,38 +99,65 @@ def drain_metadata(
     return metadata
 
 
-def transform_metadata(
-    result: TransformResult, tables: list[TableState]
-) -> dict[str, dict[str, Any]]:
-    """Metadata for `changes` and for `current`: what the run did, and the tables as they are
-    now (`tables`: the stream's summaries), so a run that added nothing still reports the
-    newest version and rows."""
-    now = {t.table: table_metadata(t) for t in tables}
-    changes = {
-        **now.get("changes", {}),
+def collection_metadata(table: TableState, drift: SchemaDrift | None = None) -> dict[str, Any]:
+    """A collection table's materialization: the table as it is now, the Spark SQL name that
+    reads it, the Tidemark run that made this version, and (for `current`) the columns that
+    run added or changed."""
+    metadata = {
+        **table_metadata(table),
+        "dagster/table_name": f"delta.`{table.location}`",
+        "tidemark_run": table.run if table.run is not None else 0,
+    }
+    if table.table == "current":
+        metadata["fields_added"] = len(drift.added) if drift else 0
+        metadata["fields_changed"] = len(drift.changed) if drift else 0
+        if drift is not None and drift.drifted:
+            metadata["schema_changes"] = schema_changes_md(drift)
+    return metadata
+
+
+def schema_changes_md(drift: SchemaDrift) -> dg.MetadataValue:
+    return dg.MetadataValue.md(
+        "\n".join(
+            [*(f"- added `{f}`" for f in drift.added), *(f"- changed `{c}`" for c in drift.changed)]
+        )
+    )
+
+
+def curated_metadata(
+    result: TransformResult, summary: TableState | None, location: Path
+) -> dict[str, Any]:
+    """The stream's fold: what the run did, and each collection's `current` as it is now (a
+    run that added nothing still reports them)."""
+    metadata: dict[str, Any] = {
         "batches": result.batches,
         "events_read": result.events_read,
         "changes_added": result.changes_added,
         "duplicates_skipped": result.duplicates_skipped,
+        "tables_changed": len(result.tables),
         "duration_s": round(result.duration_s, 3),
-    }
-    current: dict[str, Any] = {
-        **now.get("current", {}),
-        "duration_s": round(result.duration_s, 3),
-        "events_folded": result.changes_added,
         "written_as": result.kind or "nothing new",
+        "dagster/uri": location.as_uri(),
     }
-    if "current" in now:
-        current["rows"] = now["current"]["dagster/row_count"]
     added = result.schema.get("added", [])
     widened = result.schema.get("widened", [])
-    current["fields_added"] = len(added)
-    current["fields_widened"] = len(widened)
+    metadata["fields_added"] = len(added)
+    metadata["fields_widened"] = len(widened)
     if added or widened:
-        current["schema_changes"] = dg.MetadataValue.md(
+        metadata["schema_changes"] = dg.MetadataValue.md(
             "\n".join([*(f"- added `{f}`" for f in added), *(f"- widened `{w}`" for w in widened)])
         )
-    return {"changes": changes, "current": current}
+    if summary is not None:
+        metadata["collections"] = len(summary.collections)
+        metadata["live_documents"] = summary.rows
+        metadata["tables"] = dg.MetadataValue.md(_collections_md(summary))
+    return metadata
+
+
+def _collections_md(summary: TableState) -> str:
+    return "| collection | Delta table | version | rows |\n|---|---|---:|---:|\n" + "\n".join(
+        f"| {t.name} | `{t.location}` | {t.version} | {t.rows:,} |" for t in summary.collections
+    )
 
 
 def compaction_metadata(result: CompactionResult, debt: DeltaDebt) -> dict[str, Any]:

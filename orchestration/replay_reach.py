@@ -1,42 +1,17 @@
 """Which replay windows can run: the partitions start at the stream's first checkpoint (read
-from the state store when the definitions load), and a check on `replay` reports the oplog's
-first entry and how many partitions lie before it (those a run would refuse).
-
-The state store is optional when the definitions load: a SQLite file that does not exist yet
-is not created, and a store that cannot be read leaves the configured `replay.start`.
-"""
+from the state store when the definitions load, `orchestration.discovery`), and a check on
+`replay` reports the oplog's first entry and how many partitions lie before it (those a run
+would refuse)."""
 
 from __future__ import annotations
-
-from datetime import datetime
-from pathlib import Path
 
 import dagster as dg
 
 from jobs.ops import stream_status
-from orchestration.assets import keys
+from orchestration.keys import keys
 from orchestration.metadata import explained
 from orchestration.resources import MongoResource, StateStoreResource
-from state import StateStore
 from tidemark.config import StreamConfig
-from tidemark.errors import TidemarkError
-
-
-def first_checkpoints(state_url: str) -> dict[str, datetime]:
-    """Stream -> when it took its first checkpoint; empty when the store is absent or fails."""
-    sqlite = state_url.startswith("sqlite:///")
-    if sqlite and not Path(state_url.removeprefix("sqlite:///")).expanduser().exists():
-        return {}  # loading the definitions must not create a store
-    try:
-        store = StateStore(state_url)
-    except TidemarkError:
-        return {}
-    try:
-        return store.registered_at()
-    except TidemarkError:
-        return {}
-    finally:
-        store.close()
 
 
 def replay_reach_check(

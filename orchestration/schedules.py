@@ -1,6 +1,7 @@
 """Per stream, the jobs that run its assets (drain, sync, replay, resnapshot) and the drain's
 schedule. The schedule runs the drain alone (cheap, no Spark); the transform follows by its
-automation condition (`orchestration.assets.on_new_raw_batches`), only when a batch is new."""
+automation condition (`orchestration.transform_assets.transform_condition`), only when a batch
+is new."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.assets import keys
+from orchestration.keys import keys
 from tidemark.config import StreamConfig
 
 # What `define_asset_job` returns: Dagster does not export the class.
@@ -34,9 +35,8 @@ def drain_job(stream: StreamConfig) -> AssetJob:
 
 
 def _drain_and_fold(stream: StreamConfig) -> dg.AssetSelection:
-    k = keys(stream)
-    selected = [k["raw_changes"], k["changes"]] + ([k["current"]] if stream.current_table else [])
-    return dg.AssetSelection.assets(*selected)
+    """The drain, the fold and every collection table of the stream (its group, but replay)."""
+    return dg.AssetSelection.groups(stream.name) - dg.AssetSelection.assets(keys(stream)["replay"])
 
 
 def sync_job(stream: StreamConfig) -> AssetJob:
@@ -45,7 +45,7 @@ def sync_job(stream: StreamConfig) -> AssetJob:
         selection=_drain_and_fold(stream),
         # One process for the drain and the Spark step: one JVM per run, no pickling between.
         executor_def=dg.in_process_executor,
-        description=f"Drain {stream.namespace} and fold it into changes and current at once "
+        description=f"Drain {stream.namespace} and fold it into its collections' tables at once "
         "(by hand; the schedule runs the drain alone).",
     )
 

@@ -84,12 +84,13 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
     graph = module.defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {
         "a/raw_changes",
-        "a/changes",
-        "a/current",
         "a/replay",
+        "a/curated",
+        "a/d/c/changes",  # a collection stream's tables are assets before any run
+        "a/d/c/current",
         "b/raw_changes",
-        "b/changes",
         "b/replay",
+        "b/curated",  # a database stream's get theirs as its runs make them
     }
     assert jobs - {"__ASSET_JOB"} == {
         f"{stream}_{job}" for stream in "ab" for job in ("drain", "sync", "replay", "resnapshot")
@@ -132,14 +133,22 @@ def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):
     client[db_name]["orders"].delete_many({"_id": {"$lt": 10}})
     run = job.execute_in_process(instance=instance, tags=request.tags)
     assert run.success
-    assert _materialized(run) == {"orders/raw_changes", "orders/changes", "orders/current"}
+    assert _materialized(run) == {
+        "orders/raw_changes",
+        "orders/curated",
+        f"orders/{db_name}/orders/changes",
+        f"orders/{db_name}/orders/current",
+    }
     checks = _checks(run)
     assert checks == {
         "lag": True,
         "oplog_headroom": True,
         "no_uncommitted_files": True,
         "watched_namespace_exists": True,
+        "collections_listed": True,
         "row_count_matches_source": True,
+        "freshness": True,
+        "schema_drift": True,
     }
     headroom = next(
         e.asset_check_evaluation_data
@@ -159,9 +168,9 @@ def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):
     current = next(
         e
         for e in run.get_asset_materialization_events()
-        if e.asset_key == dg.AssetKey(["orders", "current"])
+        if e.asset_key == dg.AssetKey(["orders", db_name, "orders", "current"])
     )
-    assert current.materialization.metadata["rows"].value == 30
+    assert current.materialization.metadata["dagster/row_count"].value == 30
 
 
 def _minute(moment: datetime) -> datetime:
@@ -196,14 +205,17 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
 
     compaction = defs.resolve_job_def("orders_compact").execute_in_process(instance=instance)
     assert compaction.success
-    (observed,) = [
-        e.event_specific_data.asset_observation
+    observed = {
+        e.event_specific_data.asset_observation.asset_key.to_user_string(): {
+            k: v.value for k, v in e.event_specific_data.asset_observation.metadata.items()
+        }
         for e in compaction.all_events
         if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
-    ]
-    assert observed.asset_key.to_user_string() == "orders/current"
-    assert observed.metadata["deltas_compacted"].value == 2
-    assert observed.metadata["version"].value == 4 and observed.metadata["rows"].value == 20
+    }
+    assert set(observed) == {"orders/curated", f"orders/{db_name}/orders/current"}
+    assert observed["orders/curated"]["deltas_compacted"] == 2
+    assert observed["orders/curated"]["version"] == 4 and observed["orders/curated"]["rows"] == 20
+    assert observed[f"orders/{db_name}/orders/current"]["dagster/row_count"] == 20
     assert requests() == []  # nothing merged since
     table = resources["lake"].path / "curated" / "orders" / db_name / "orders" / "current"
     history = resources["spark"].session().sql(f"DESCRIBE HISTORY delta.`{table}`").collect()
@@ -215,12 +227,12 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
     monkeypatch.setattr(type(resources["spark"]), "session", no_spark)
     quiet = sync.execute_in_process(instance=instance)  # nothing was written since
     assert quiet.success
-    (current,) = [
+    (curated,) = [
         m
         for m in quiet.get_asset_materialization_events()
-        if m.asset_key.to_user_string() == "orders/changes"
+        if m.asset_key.to_user_string() == "orders/curated"
     ]
-    assert current.materialization.metadata["changes_added"].value == 0
+    assert curated.materialization.metadata["changes_added"].value == 0
 
 
 def test_backfill_of_three_partitions_yields_exactly_their_events(
@@ -282,7 +294,7 @@ def test_backfill_of_three_partitions_yields_exactly_their_events(
     changes = next(
         e
         for e in again.get_asset_materialization_events()
-        if e.asset_key == dg.AssetKey(["orders", "changes"])
+        if e.asset_key == dg.AssetKey(["orders", "curated"])
     )
     assert changes.materialization.metadata["changes_added"].value == 0
     assert changes.materialization.metadata["duplicates_skipped"].value == replayed.num_rows
@@ -344,9 +356,9 @@ def test_a_resnapshot_job_reports_snapshot_progress(setup, client, db_name):
     current = next(
         e
         for e in run.get_asset_materialization_events()
-        if e.asset_key == dg.AssetKey(["orders", "current"])
+        if e.asset_key == dg.AssetKey(["orders", db_name, "orders", "current"])
     )
-    assert current.materialization.metadata["rows"].value == 100
+    assert current.materialization.metadata["dagster/row_count"].value == 100
 
 
 def _metadata_of(result: dg.ExecuteInProcessResult, name: str) -> dict:
@@ -375,7 +387,10 @@ def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client
     assert current["dagster/row_count"] == 12 and current["version"] == 1
     table = lake / "curated" / "orders" / db_name / "orders" / "current"
     assert current["dagster/uri"] == table.as_uri() and current["format"] == "delta"
-    assert current["collections"] == 1 and f"`{table}`" in current["tables"]
+    assert current["dagster/table_name"] == f"delta.`{table}`" and current["tidemark_run"] == 1
+    curated = _metadata_of(run, "curated")
+    assert curated["collections"] == 1 and f"`{table}`" in curated["tables"]
+    assert curated["live_documents"] == 12 and curated["tables_changed"] == 2
 
     changes = _metadata_of(run, "changes")
     change_columns = {c.name for c in changes["dagster/column_schema"].columns}
@@ -387,15 +402,15 @@ def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client
         _metadata_of(run, "raw_changes")["oplog_headroom_seconds"], 1
     )
 
-    quiet = sync.execute_in_process(instance=instance)  # nothing new: the table as it is
+    quiet = sync.execute_in_process(instance=instance)  # nothing new: no table changed
     assert quiet.success
-    again = _metadata_of(quiet, "current")
-    assert again["dagster/row_count"] == 12 and again["version"] == 1
-    assert again["written_as"] == "nothing new" and again["events_folded"] == 0
-    assert _metadata_of(quiet, "changes")["dagster/row_count"] == 12
+    assert _materialized(quiet) == {"orders/raw_changes", "orders/curated"}
+    again = _metadata_of(quiet, "curated")
+    assert again["written_as"] == "nothing new" and again["changes_added"] == 0
+    assert again["live_documents"] == 12 and again["tables_changed"] == 0
 
 
-TRANSFORM_ASSETS = {dg.AssetKey(["orders", "changes"]), dg.AssetKey(["orders", "current"])}
+CURATED = dg.AssetKey(["orders", "curated"])
 
 
 def _automation_ticks(defs: dg.Definitions, instance: dg.DagsterInstance):
@@ -407,7 +422,8 @@ def _automation_ticks(defs: dg.Definitions, instance: dg.DagsterInstance):
         nonlocal cursor
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
         cursor = result.cursor
-        return {k for k in TRANSFORM_ASSETS if result.get_num_requested(k)}
+        graph = defs.resolve_asset_graph()
+        return {k for k in graph.get_all_asset_keys() if result.get_num_requested(k)}
 
     return requested
 
@@ -431,7 +447,12 @@ def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batc
     run = drain.execute_in_process(instance=instance)
     assert run.success
     assert _materialized(run) == {"orders/raw_changes"}  # the drain's run starts no Spark
-    assert requested() == TRANSFORM_ASSETS  # one run of the multi-asset: changes and current
+    # One run of the multi-asset: the stream's fold and its tables (so their checks run).
+    assert requested() == {
+        CURATED,
+        dg.AssetKey(["orders", db_name, "orders", "changes"]),
+        dg.AssetKey(["orders", db_name, "orders", "current"]),
+    }
     assert requested() == set()  # requested once, not at every tick
 
     assert drain.execute_in_process(instance=instance).success  # quiet again
@@ -472,8 +493,7 @@ def test_a_quiet_stream_gets_a_transform_once_current_is_past_its_warn_window(
 
     warn = timedelta(seconds=config.streams[0].checks.lag_error_seconds)
     _freshness_daemon_tick(defs, instance, datetime.now(UTC) + warn + timedelta(minutes=1))
-    current = dg.AssetKey(["orders", "current"])
-    (record,) = instance.get_freshness_state_records([current]).values()
+    (record,) = instance.get_freshness_state_records([CURATED]).values()
     assert record.freshness_state.value == "WARN"  # the daemon's verdict, as the UI shows it
-    assert requested() == TRANSFORM_ASSETS  # a run that confirms current is whole, no new batch
+    assert requested() == {CURATED}  # a run that confirms the tables are whole, no new batch
     assert requested() == set()  # once, not at every tick
