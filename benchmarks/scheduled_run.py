@@ -43,7 +43,7 @@ def _write(client: MongoClient, rng: random.Random, start: int, count: int, exis
 
 def _transform_seconds(result: Any) -> float:
     for event in result.get_asset_materialization_events():
-        if event.asset_key.to_user_string() == "orders/current":
+        if event.asset_key.to_user_string() == "orders/curated":
             return float(event.materialization.metadata["duration_s"].value)
     return 0.0
 

@@ -1,133 +1,98 @@
-"""Checks of each collection table, evaluated per stream in one step each (200 collections
-are 200 results of one op, not 200 ops):
+"""Checks of each collection table, evaluated by the stream's transform step itself (check
+specs of its multi-asset: a separate check op would be skipped whenever one of the tables it
+covers was not changed by the run, and 200 collections would be 600 ops):
 
 - `row_count_matches_source` (MongoDB): a `current` table's rows against the collection's
   documents that the stream's pipeline lets through;
 - `freshness` and `schema_drift` (state store only): how long the oldest raw batch not folded
-  yet has waited, and whether the newest run that changed the table added or changed columns;
-- `collections_listed` on `curated`: the collections the state store knows that the loaded
-  definitions do not (a reload of the code location gives them their assets).
+  yet has waited, and whether the newest run that changed the table added or changed columns.
+
+And one op of its own: `collections_listed` on `curated`, the collections the state store knows
+that the loaded definitions do not (a reload of the code location gives them their assets).
 """
 
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import dagster as dg
+from pymongo import MongoClient
 
 from jobs.catalog import fold_lag, schema_drift, table_names, tables
 from jobs.ops import source_count
 from orchestration.keys import TableName, keys, table_key
 from orchestration.metadata import explained, schema_changes_md
-from orchestration.resources import LakeResource, MongoResource, StateStoreResource
-from orchestration.transform_assets import stream_tables
+from orchestration.resources import StateStoreResource
+from state import StateStore
 from tidemark.config import StreamConfig
+from tidemark.errors import TidemarkError
+
+ROW_COUNT = "row_count_matches_source"
+FRESHNESS = "freshness"
+SCHEMA_DRIFT = "schema_drift"
+ABOUT = {
+    ROW_COUNT: "Rows in the newest `current` version against the collection's documents that "
+    "the stream's pipeline lets through (a difference is expected while writes continue after "
+    "the run's token).",
+    FRESHNESS: "Seconds the oldest committed raw batch has waited to be folded (0: the table "
+    "holds everything the raw zone has), against the stream's lag thresholds.",
+    SCHEMA_DRIFT: "Whether the newest run that changed the table added columns or changed a type.",
+}
 
 
-def collection_checks(
-    stream: StreamConfig, known: Sequence[TableName] = ()
-) -> list[dg.AssetChecksDefinition]:
-    listed = stream_tables(stream, known)
-    current = [(db, coll) for db, coll, kind in listed if kind == "current"]
-    checks = [_collections_listed(stream, listed)]
-    if current:
-        checks += [_row_counts(stream, current), _freshness_and_drift(stream, current)]
-    return checks
+def table_check_specs(
+    stream: StreamConfig, current: Sequence[tuple[str, str]]
+) -> list[dg.AssetCheckSpec]:
+    """The checks of each collection's `current` table."""
+    specs = []
+    for db, coll in current:
+        key = table_key(stream.name, db, coll, "current")
+        specs += [dg.AssetCheckSpec(n, asset=key, description=a) for n, a in ABOUT.items()]
+    return specs
 
 
-def _spec(stream: StreamConfig, db: str, coll: str, name: str, about: str) -> dg.AssetCheckSpec:
-    return dg.AssetCheckSpec(
-        name, asset=table_key(stream.name, db, coll, "current"), description=about
+def table_check_results(
+    selected: Sequence[dg.AssetCheckKey],
+    stream: StreamConfig,
+    store: StateStore,
+    lake_root: Path,
+    mongo: MongoClient,
+) -> Iterator[dg.AssetCheckResult]:
+    """The `selected` checks' results, as the tables are now."""
+    if not selected:
+        return
+    rows = {
+        (t.db, t.coll): t.rows
+        for t in tables(store, lake_root, stream.name)
+        if t.table == "current"
+    }
+    lag = fold_lag(store, stream.name)
+    drifts = {(d.db, d.coll): d for d in schema_drift(store, stream.name)}
+    counted = (
+        _source_counts(mongo, store, stream) if any(c.name == ROW_COUNT for c in selected) else None
     )
-
-
-def _row_counts(stream: StreamConfig, current: list[tuple[str, str]]) -> dg.AssetChecksDefinition:
-    about = (
-        "Rows in the newest `current` version against the collection's documents that the "
-        "stream's pipeline lets through (a difference is expected while writes continue after "
-        "the run's token)."
-    )
-
-    @dg.multi_asset_check(
-        specs=[_spec(stream, db, coll, "row_count_matches_source", about) for db, coll in current],
-        name=f"{stream.name}_row_counts",
-        can_subset=True,
-    )
-    def row_counts(
-        context: dg.AssetCheckExecutionContext,
-        mongo: MongoResource,
-        state: StateStoreResource,
-        lake: LakeResource,
-    ) -> Iterator[dg.AssetCheckResult]:
-        with explained():
-            store = state.store()
-            checkpoint = store.checkpoint(stream.name)
-            expected = source_count(
-                mongo.client(), stream, checkpoint.source if checkpoint else None
-            )
-            rows = {
-                (t.db, t.coll): t.rows
-                for t in tables(store, lake.path, stream.name)
-                if t.table == "current"
-            }
-        for check in context.selected_asset_check_keys:
-            db, coll = check.asset_key.path[1], check.asset_key.path[2]
-            have = rows.get((db, coll), 0)
-            want = expected.by_collection.get(f"{db}.{coll}", 0)
+    waited = lag.seconds(datetime.now(UTC))
+    limits = stream.checks
+    for check in selected:
+        db, coll = check.asset_key.path[1], check.asset_key.path[2]
+        base = {"check_name": check.name, "asset_key": check.asset_key}
+        if check.name == ROW_COUNT:
+            yield _row_count(base, rows.get((db, coll), 0), f"{db}.{coll}", counted)
+        elif check.name == FRESHNESS:
             yield dg.AssetCheckResult(
-                check_name=check.name,
-                asset_key=check.asset_key,
-                passed=have == want,
-                severity=dg.AssetCheckSeverity.WARN,
+                **base,
+                passed=waited <= limits.lag_warn_seconds,
+                severity=dg.AssetCheckSeverity.ERROR
+                if waited > limits.lag_error_seconds
+                else dg.AssetCheckSeverity.WARN,
                 metadata={
-                    "current_rows": have,
-                    "source_documents": want,
-                    "difference": have - want,
-                    "counted_by": expected.how,
+                    "unfolded_batches": lag.batches,
+                    "waited_seconds": round(waited, 1),
+                    "warn_above": limits.lag_warn_seconds,
+                    "error_above": limits.lag_error_seconds,
                 },
             )
-
-    return row_counts
-
-
-def _freshness_and_drift(
-    stream: StreamConfig, current: list[tuple[str, str]]
-) -> dg.AssetChecksDefinition:
-    limits = stream.checks
-    fresh = (
-        "Seconds the oldest committed raw batch has waited to be folded (0: the table holds "
-        "everything the raw zone has), against the stream's lag thresholds."
-    )
-    drift = "Whether the newest run that changed the table added columns or changed a type."
-    specs = [_spec(stream, db, coll, "freshness", fresh) for db, coll in current]
-    specs += [_spec(stream, db, coll, "schema_drift", drift) for db, coll in current]
-
-    @dg.multi_asset_check(specs=specs, name=f"{stream.name}_table_state", can_subset=True)
-    def table_state(
-        context: dg.AssetCheckExecutionContext, state: StateStoreResource
-    ) -> Iterator[dg.AssetCheckResult]:
-        with explained():
-            store = state.store()
-            lag = fold_lag(store, stream.name)
-            drifts = {(d.db, d.coll): d for d in schema_drift(store, stream.name)}
-        waited = lag.seconds(datetime.now(UTC))
-        for check in context.selected_asset_check_keys:
-            db, coll = check.asset_key.path[1], check.asset_key.path[2]
-            if check.name == "freshness":
-                yield dg.AssetCheckResult(
-                    check_name=check.name,
-                    asset_key=check.asset_key,
-                    passed=waited <= limits.lag_warn_seconds,
-                    severity=dg.AssetCheckSeverity.ERROR
-                    if waited > limits.lag_error_seconds
-                    else dg.AssetCheckSeverity.WARN,
-                    metadata={
-                        "unfolded_batches": lag.batches,
-                        "waited_seconds": round(waited, 1),
-                        "warn_above": limits.lag_warn_seconds,
-                        "error_above": limits.lag_error_seconds,
-                    },
-                )
-                continue
+        else:
             found = drifts.get((db, coll))
             metadata: dict[str, object] = {
                 "fields_added": len(found.added) if found else 0,
@@ -137,18 +102,56 @@ def _freshness_and_drift(
             if found is not None and found.drifted:
                 metadata["schema_changes"] = schema_changes_md(found)
             yield dg.AssetCheckResult(
-                check_name=check.name,
-                asset_key=check.asset_key,
+                **base,
                 passed=found is None or not found.drifted,
                 severity=dg.AssetCheckSeverity.WARN,
                 metadata=metadata,
                 description=None if found is None else f"as of Tidemark run {found.run}",
             )
 
-    return table_state
+
+def _source_counts(
+    mongo: MongoClient, store: StateStore, stream: StreamConfig
+) -> tuple[dict[str, int], str] | TidemarkError:
+    """Documents per collection, or why they could not be counted (a check result says so:
+    the run's tables are committed by then, so the step does not fail on it)."""
+    try:
+        checkpoint = store.checkpoint(stream.name)
+        expected = source_count(mongo, stream, checkpoint.source if checkpoint else None)
+    except TidemarkError as exc:
+        return exc
+    return expected.by_collection, expected.how
 
 
-def _collections_listed(stream: StreamConfig, listed: list[TableName]) -> dg.AssetChecksDefinition:
+def _row_count(
+    base: dict, have: int, name: str, counted: tuple[dict[str, int], str] | TidemarkError | None
+) -> dg.AssetCheckResult:
+    if not isinstance(counted, tuple):
+        return dg.AssetCheckResult(
+            **base,
+            passed=False,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"current_rows": have},
+            description=f"the source could not be counted: {counted}",
+        )
+    by_collection, how = counted
+    want = by_collection.get(name, 0)
+    return dg.AssetCheckResult(
+        **base,
+        passed=have == want,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "current_rows": have,
+            "source_documents": want,
+            "difference": have - want,
+            "counted_by": how,
+        },
+    )
+
+
+def collections_listed_check(
+    stream: StreamConfig, listed: Sequence[TableName]
+) -> dg.AssetChecksDefinition:
     @dg.asset_check(asset=keys(stream)["curated"], name="collections_listed", blocking=False)
     def collections_listed(state: StateStoreResource) -> dg.AssetCheckResult:
         """The collection tables the stream's runs made that the loaded definitions have no

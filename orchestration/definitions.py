@@ -19,7 +19,7 @@ import dagster as dg
 
 from orchestration.assets import replay_partitions, stream_assets
 from orchestration.checks import stream_checks
-from orchestration.collection_checks import collection_checks
+from orchestration.collection_checks import collections_listed_check
 from orchestration.compaction import compaction_job, compaction_sensor
 from orchestration.config_errors import WHOLE_FILE, config_error_definitions
 from orchestration.discovery import first_checkpoints, known_tables
@@ -27,7 +27,7 @@ from orchestration.keys import TableName
 from orchestration.replay_reach import replay_reach_check
 from orchestration.resources import env_resources
 from orchestration.schedules import stream_jobs, sync_schedule
-from orchestration.transform_assets import transform_asset
+from orchestration.transform_assets import stream_tables, transform_asset
 from tidemark.config import BrokenStream, StreamsFile, TidemarkConfig, load_streams
 from tidemark.errors import ConfigError
 from tidemark.settings import Settings
@@ -66,7 +66,7 @@ def build_definitions(
         + [transform_asset(s, made.get(s.name, [])) for s in streams]
         + [spec for spec, _, _ in reports],
         asset_checks=[check for stream in streams for check in stream_checks(stream)]
-        + [check for s in streams for check in collection_checks(s, made.get(s.name, []))]
+        + [collections_listed_check(s, stream_tables(s, made.get(s.name, []))) for s in streams]
         + [replay_reach_check(s, replay_partitions(s, firsts.get(s.name))) for s in streams]
         + [check for _, check, _ in reports],
         jobs=[job for stream in streams for job in stream_jobs(stream)]

@@ -21,9 +21,15 @@ from jobs.catalog import schema_drift, stream_table, tables
 from jobs.curated_zone import DATABASE_EVENTS
 from jobs.transform import TransformResult, transform
 from orchestration.assets import progress_log
+from orchestration.collection_checks import table_check_results, table_check_specs
 from orchestration.keys import TableName, keys, pool, table_key
 from orchestration.metadata import collection_metadata, curated_metadata, explained
-from orchestration.resources import LakeResource, SparkResource, StateStoreResource
+from orchestration.resources import (
+    LakeResource,
+    MongoResource,
+    SparkResource,
+    StateStoreResource,
+)
 from state import StateStore
 from tidemark.config import StreamConfig
 
@@ -133,8 +139,11 @@ def transform_asset(stream: StreamConfig, known: Sequence[TableName] = ()) -> dg
         automation_condition=transform_condition(),
     )
 
+    current = [(db, coll) for db, coll, kind in stream_tables(stream, known) if kind == "current"]
+
     @dg.multi_asset(
         specs=[curated_spec, *table_specs(stream, known)],
+        check_specs=table_check_specs(stream, current),
         name=f"{stream.name}_transform",
         pool=pool(stream),
         can_subset=True,
@@ -144,27 +153,47 @@ def transform_asset(stream: StreamConfig, known: Sequence[TableName] = ()) -> dg
         state: StateStoreResource,
         lake: LakeResource,
         spark: SparkResource,
-    ) -> Iterator[dg.MaterializeResult]:
+        mongo: MongoResource,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         """Folds the committed raw batches into the collections' Delta tables in one Spark
-        step (a quiet stream starts no Spark)."""
-        with explained():
-            store = state.store()
-            result = transform(
-                spark.session, store, lake.path, stream, progress=progress_log(context)
-            )
-            reported = _changed_tables(store, lake.path, stream, result)
-            summary = stream_table(store, lake.path, stream.name, "current")
+        step (a quiet stream starts no Spark), then checks the tables selected with it. With
+        checks alone selected (the UI's "Execute checks"), it only checks."""
         selected = context.selected_asset_keys
-        for key, metadata in reported:
-            if key in selected:
-                yield dg.MaterializeResult(asset_key=key, metadata=metadata)
-            else:  # unselected, or newer than the loaded definitions
-                context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
-        if k["curated"] in selected:
-            metadata = curated_metadata(result, summary, lake.path / "curated" / stream.name)
-            yield dg.MaterializeResult(asset_key=k["curated"], metadata=metadata)
+        store = state.store()
+        if selected:
+            yield from _fold(context, stream, store, lake.path, spark)
+        yield from table_check_results(
+            sorted(context.selected_asset_check_keys, key=lambda c: c.to_user_string()),
+            stream,
+            store,
+            lake.path,
+            mongo.client(),
+        )
 
     return spark_transform
+
+
+def _fold(
+    context: dg.AssetExecutionContext,
+    stream: StreamConfig,
+    store: StateStore,
+    lake_root: Path,
+    spark: SparkResource,
+) -> Iterator[dg.MaterializeResult]:
+    k = keys(stream)
+    with explained():
+        result = transform(spark.session, store, lake_root, stream, progress=progress_log(context))
+        reported = _changed_tables(store, lake_root, stream, result)
+        summary = stream_table(store, lake_root, stream.name, "current")
+    selected = context.selected_asset_keys
+    for key, metadata in reported:
+        if key in selected:
+            yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+        else:  # unselected, or newer than the loaded definitions
+            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
+    if k["curated"] in selected:
+        metadata = curated_metadata(result, summary, lake_root / "curated" / stream.name)
+        yield dg.MaterializeResult(asset_key=k["curated"], metadata=metadata)
 
 
 def _changed_tables(
