@@ -24,6 +24,7 @@ from orchestration.compaction import compaction_job, compaction_sensor
 from orchestration.config_errors import WHOLE_FILE, config_error_definitions
 from orchestration.discovery import first_checkpoints, known_tables
 from orchestration.keys import TableName
+from orchestration.maintenance import gc_job, gc_schedule
 from orchestration.replay_reach import replay_reach_check
 from orchestration.resources import env_resources
 from orchestration.schedules import stream_jobs, sync_schedule
@@ -70,8 +71,9 @@ def build_definitions(
         + [replay_reach_check(s, replay_partitions(s, firsts.get(s.name))) for s in streams]
         + [check for _, check, _ in reports],
         jobs=[job for stream in streams for job in stream_jobs(stream)]
-        + [compaction_job(stream) for stream in streams if stream.current_table],
-        schedules=[sync_schedule(stream) for stream in streams],
+        + [compaction_job(stream) for stream in streams if stream.current_table]
+        + [gc_job(list(streams))],
+        schedules=[sync_schedule(stream) for stream in streams] + [gc_schedule()],
         sensors=[compaction_sensor(stream) for stream in streams if stream.current_table]
         + [sensor for _, _, sensor in reports]
         + [automation_sensor()],

@@ -94,11 +94,13 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
     }
     assert jobs - {"__ASSET_JOB"} == {
         f"{stream}_{job}" for stream in "ab" for job in ("drain", "sync", "replay", "resnapshot")
-    } | {"a_compact"}  # b has no current table to compact
+    } | {"a_compact", "tidemark_gc"}  # b has no current table to compact
     assert [s.name for s in module.defs.sensors or []] == [
         "a_compaction_sensor",
         "tidemark_automation",
     ]
+    gc = module.defs.resolve_schedule_def("tidemark_gc_schedule")
+    assert gc.default_status == dg.DefaultScheduleStatus.STOPPED  # VACUUM is turned on by hand
     for stream in "ab":
         schedule = module.defs.resolve_schedule_def(f"{stream}_schedule")
         assert schedule.job_name == f"{stream}_drain"  # the transform follows by automation
@@ -505,3 +507,38 @@ def test_a_quiet_stream_gets_a_transform_once_current_is_past_its_warn_window(
     assert record.freshness_state.value == "WARN"  # the daemon's verdict, as the UI shows it
     assert requested() == {CURATED}  # a run that confirms the tables are whole, no new batch
     assert requested() == set()  # once, not at every tick
+
+
+def test_gc_from_dagster_removes_orphans_and_vacuums_the_tables(setup, client, db_name):
+    _, defs, resources = setup()
+    sync = defs.resolve_job_def("orders_sync")
+    instance = dg.DagsterInstance.ephemeral()
+    assert sync.execute_in_process(instance=instance).success  # starts the stream
+    client[db_name]["orders"].insert_many([{"_id": i} for i in range(5)])
+    assert sync.execute_in_process(instance=instance).success
+    client[db_name]["orders"].delete_many({"_id": {"$lt": 3}})
+    assert sync.execute_in_process(instance=instance).success  # leaves replaced files
+    raw = resources["lake"].path / "raw" / "orders"
+    orphan = raw / "date=2026-01-01" / "hour=00" / "crashed-run.parquet"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"left by a crashed run")
+
+    run = defs.resolve_job_def("tidemark_gc").execute_in_process(
+        instance=instance,
+        run_config={"ops": {"collect_garbage": {"config": {"min_age_seconds": 0}}}},
+    )
+    assert run.success
+    assert not orphan.exists()
+    observed = {
+        e.event_specific_data.asset_observation.asset_key.to_user_string(): {
+            k: v.value for k, v in e.event_specific_data.asset_observation.metadata.items()
+        }
+        for e in run.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
+    }
+    assert observed["orders/raw_changes"]["gc_files_removed"] == 1
+    assert "vacuum_files_deleted" in observed["orders/curated"]
+    # The tables still read whole after VACUUM.
+    table = resources["lake"].path / "curated" / "orders" / db_name / "orders" / "current"
+    session = resources["spark"].session()
+    assert session.read.format("delta").load(str(table)).count() == 2
