@@ -124,14 +124,35 @@ def test_a_killed_snapshot_resumes_from_its_last_committed_chunk(
     assert got == source_state(raw_client, db_name, "orders")
 
 
-@pytest.mark.parametrize("policy", ["fail", "resnapshot"])
-def test_lost_history_fails_or_resnapshots_to_an_exact_state(
-    policy, spark, tmp_path, sqlite_store, make_stream, tiny_mongod
-):
-    lake = tmp_path / "lake"
+@pytest.fixture
+def shop_on_tiny_oplog(tiny_mongod):
+    """Clients (plain, raw) of a mongod whose oplog rolls in seconds, with 200 `shop.orders`."""
     client = connect(tiny_mongod.uri)
     raw = connect(tiny_mongod.uri, raw=True)
     client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
+    yield client, raw
+    client.close()
+    raw.close()
+
+
+def _resnapshots_to_the_source(spark, store, lake, stream, raw) -> None:
+    """The next drain copies the collection again (history lost); `current` is then exact,
+    without the 50 documents deleted while the stream was away."""
+    result = drain(stream, raw, store, lake)
+    assert result.snapshot is not None and result.snapshot.reason == "history lost"
+    drain_until_caught_up(stream, raw, store, lake)
+    transform(spark, store, lake, stream)
+    got = current_state(read_current(spark, store, lake, stream.name))
+    assert got == source_state(raw, "shop", "orders")
+    assert len(got) == 150
+
+
+@pytest.mark.parametrize("policy", ["fail", "resnapshot"])
+def test_lost_history_fails_or_resnapshots_to_an_exact_state(
+    policy, spark, tmp_path, sqlite_store, make_stream, shop_on_tiny_oplog
+):
+    lake = tmp_path / "lake"
+    client, raw = shop_on_tiny_oplog
     stream = make_stream(
         database="shop",
         collection="orders",
@@ -155,27 +176,17 @@ def test_lost_history_fails_or_resnapshots_to_an_exact_state(
         assert sqlite_store.checkpoint(stream.name) == kept
         assert sqlite_store.batch_count(stream.name) == batches
         return
-    result = drain(stream, raw, sqlite_store, lake)
-    assert result.snapshot is not None and result.snapshot.reason == "history lost"
-    drain_until_caught_up(stream, raw, sqlite_store, lake)
-    transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
-    assert got == source_state(raw, "shop", "orders")
-    assert len(got) == 150  # the 50 deleted in the gap are gone from current too
-    client.close()
-    raw.close()
+    _resnapshots_to_the_source(spark, sqlite_store, lake, stream, raw)
 
 
 def test_a_copy_outrun_by_the_oplog_says_so_and_the_next_run_copies_again(
-    spark, tmp_path, sqlite_store, make_stream, tiny_mongod
+    spark, tmp_path, sqlite_store, make_stream, shop_on_tiny_oplog
 ):
     """on_history_lost: resnapshot, and the oplog rolls past the fresh copy's time while it
     copies: the run ends with SnapshotOutrun (a HistoryLost) naming the fix, the copy stays
     committed and nothing else moves; the next run copies again and `current` is exact."""
     lake = tmp_path / "lake"
-    client = connect(tiny_mongod.uri)
-    raw = connect(tiny_mongod.uri, raw=True)
-    client.shop.orders.insert_many([{"_id": i, "v": i} for i in range(200)])
+    client, raw = shop_on_tiny_oplog
     stream = make_stream(
         database="shop",
         collection="orders",
@@ -198,15 +209,7 @@ def test_a_copy_outrun_by_the_oplog_says_so_and_the_next_run_copies_again(
     assert copy is None  # the copy finished and is committed
     client.shop.filler.drop()
 
-    result = drain(stream, raw, sqlite_store, lake)  # copies again, then goes on
-    assert result.snapshot is not None and result.snapshot.reason == "history lost"
-    drain_until_caught_up(stream, raw, sqlite_store, lake)
-    transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
-    assert got == source_state(raw, "shop", "orders")
-    assert len(got) == 150
-    client.close()
-    raw.close()
+    _resnapshots_to_the_source(spark, sqlite_store, lake, stream, raw)
 
 
 # -- _id order across BSON types, byte-bounded chunks, dates outside Python's range ----------
