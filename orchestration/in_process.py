@@ -1,5 +1,6 @@
 """Running a stream's job in this process, for `tidemark demo`: the same definitions as the
-code location, with resources built from the demo's settings instead of EnvVars."""
+code location (collection tables discovered from the state store as it loads them), with
+resources built from the demo's settings instead of EnvVars."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 import dagster as dg
 
 from orchestration.definitions import build_definitions
+from orchestration.discovery import known_tables
+from orchestration.keys import TableName
 from orchestration.resources import build_resources
 from orchestration.schedules import sync_job_name
 from tidemark.config import StreamConfig, TidemarkConfig
@@ -30,7 +33,33 @@ def local_definitions(
         spark_master=spark_master,
         spark_remote=spark_remote,
     )
-    return build_definitions(config, resources)
+    return build_definitions(config, resources, tables=known_tables(state_url, config.streams))
+
+
+def listed_tables(defs: dg.Definitions, stream: StreamConfig) -> set[TableName]:
+    """The stream's collection tables the definitions have assets for."""
+    return {
+        (key.path[1], key.path[2], key.path[3])
+        for key in defs.resolve_all_asset_keys()
+        if len(key.path) == 4 and key.path[0] == stream.name
+    }
+
+
+def run_checks(defs: dg.Definitions, stream: StreamConfig) -> Any:
+    """One run of every check of the stream's assets, without materializing anything: after a
+    run that made collection tables the definitions did not know yet (rebuilt definitions
+    list them), so their checks are evaluated too."""
+    name = f"{stream.name}_checks"
+    assets = [key for key in defs.resolve_all_asset_keys() if key.path[0] == stream.name]
+    job = dg.define_asset_job(
+        name,
+        selection=dg.AssetSelection.checks_for_assets(*assets),
+        executor_def=dg.in_process_executor,
+    )
+    merged = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+    return merged.resolve_job_def(name).execute_in_process(
+        instance=dg.DagsterInstance.get(), run_config=QUIET
+    )
 
 
 def run_sync(defs: dg.Definitions, stream: StreamConfig) -> Any:
@@ -39,21 +68,22 @@ def run_sync(defs: dg.Definitions, stream: StreamConfig) -> Any:
     return job.execute_in_process(instance=dg.DagsterInstance.get(), run_config=QUIET)
 
 
-def materialization_metadata(result: Any, name: str) -> dict[str, Any]:
-    for event in result.get_asset_materialization_events():
-        if event.asset_key.path[-1] == name:
-            return {k: v.value for k, v in event.materialization.metadata.items()}
-    return {}
-
-
-def check_outcomes(result: Any) -> dict[str, str]:
-    """Check name -> 'ok' or the severity of its failure."""
+def materializations(result: Any) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Asset key path -> the metadata of its materialization in the run (a collection newer
+    than the definitions included: the run reports it by its key too)."""
     return {
-        e.asset_check_evaluation_data.check_name: (
-            "ok"
-            if e.asset_check_evaluation_data.passed
-            else e.asset_check_evaluation_data.severity.value
-        )
-        for e in result.all_events
-        if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        tuple(event.asset_key.path): {k: v.value for k, v in event.materialization.metadata.items()}
+        for event in result.get_asset_materialization_events()
     }
+
+
+def check_outcomes(result: Any) -> dict[tuple[tuple[str, ...], str], str]:
+    """(asset key path, check name) -> 'ok' or the severity of its failure."""
+    outcomes = {}
+    for event in result.all_events:
+        if event.event_type != dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            continue
+        data = event.asset_check_evaluation_data
+        outcome = "ok" if data.passed else data.severity.value
+        outcomes[(tuple(data.asset_key.path), data.check_name)] = outcome
+    return outcomes

@@ -62,3 +62,15 @@ def test_transform_benchmark_smoke():
     assert "| a quiet run (nothing new) | 0 |" in out
     assert "| anchor: full recompute of current from changes |" in out
     assert "x the typed columns alone" in out
+
+
+@pytest.mark.slow
+def test_catalog_scale_benchmark_smoke():
+    out = _run(
+        "benchmarks.catalog_scale", "--collections", "0", "6", "--streams", "2", "--repeats", "1"
+    )
+    assert "| collections | assets | cold process |" in out
+    # 3 stream assets per stream, and a changes and a current asset per collection.
+    assert "| 0 | 6 |" in out and "| 6 | 18 |" in out
+    assert "| collections | asset nodes | webserver start to location loaded |" in out
+    assert out.rstrip().endswith("| 3 of 3 |")  # s1's three collections drawn in its graph

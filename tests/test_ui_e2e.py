@@ -1,22 +1,27 @@
-"""End to end in a real browser: `dagster dev` serves the asset graph, headless Chromium
-renders it, and a run launched through the UI's GraphQL API materializes the group."""
+"""End to end in a real browser: `dagster dev` serves the asset graph of a database stream,
+headless Chromium renders it, runs launched through the UI's GraphQL API fold the shop
+workload's three collections into tables of their own, and after a reload of the code location
+each collection's Catalog page shows its own columns and row count."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from resources.embedded_mongo import free_port
 from tidemark.cli.dagster_env import DAGSTER_YAML
+from tidemark.cli.workload import run_shop_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = [
@@ -52,7 +57,7 @@ def dagster_dev(tmp_path, mongod, db_name):
     # A yearly schedule: a tick of the default one (every 5 minutes) during the test would
     # launch a run of its own next to the test's.
     config.write_text(
-        f"streams:\n  - name: orders\n    database: {db_name}\n    collection: orders\n"
+        f"streams:\n  - name: shop\n    database: {db_name}\n"
         "    max_await_time_ms: 300\n    schedule: '0 0 1 1 *'\n"
     )
     port = free_port()
@@ -129,24 +134,63 @@ def browse(port: int, path: str, tmp_path: Path, *extra: str) -> str:
     return done.stdout
 
 
+class _Text(HTMLParser):
+    """The text nodes of a rendered page, in order (what a reader sees, not the markup)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: object) -> None:
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("script", "style")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip and data.strip():
+            self.texts.append(data.strip())
+
+
+def texts(dom: str) -> list[str]:
+    parser = _Text()
+    parser.feed(dom)
+    return parser.texts
+
+
+def catalog_page(texts: list[str]) -> tuple[int, list[str]]:
+    """An asset's Catalog page as shown: its row count and the names in its Columns table."""
+    row_count = int(texts[texts.index("Row count") + 1].replace(",", ""))
+    start = texts.index("Column name")
+    end = texts.index("Metadata", start)
+    # The table's cells after its three headings: name, type and (optionally) description.
+    cells = texts[start + 3 : end]
+    types = re.compile(r"^(string|bigint|int|double|boolean|timestamp|date|decimal|struct|array)")
+    names = [c for i, c in enumerate(cells) if i + 1 < len(cells) and types.match(cells[i + 1])]
+    return row_count, names
+
+
 @pytest.mark.slow
-def test_the_ui_lists_the_assets_and_runs_the_group(dagster_dev, tmp_path, client, db_name):
+def test_the_ui_shows_each_collection_as_its_own_table(dagster_dev, tmp_path, client, db_name):
     chromium()
     port = dagster_dev
-    dom = browse(port, "/asset-groups", tmp_path, "--dump-dom")
-    for asset in ("raw_changes", "changes", "current", "replay"):
-        assert f">{asset}<" in dom, f"{asset} not in the rendered asset graph"
-
     location = graphql(
         port, "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }"
     )
     (entry,) = location["workspaceOrError"]["locationEntries"]
+    group_page = f"/locations/{entry['name']}/asset-groups/shop"
+    before = texts(browse(port, group_page, tmp_path, "--dump-dom"))
+    for asset in ("raw_changes", "curated", "replay"):
+        assert asset in before, f"{asset} not in the rendered asset graph"
+    assert "current" not in before  # no collection yet: no table assets
+
     launch = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
         __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
     selector = {
         "repositoryLocationName": entry["name"],
         "repositoryName": "__repository__",
-        "jobName": "orders_sync",
+        "jobName": "shop_sync",
     }
 
     def run_to_end() -> str:
@@ -166,38 +210,81 @@ def test_the_ui_lists_the_assets_and_runs_the_group(dagster_dev, tmp_path, clien
         raise AssertionError("the run did not finish in 5 minutes")
 
     assert run_to_end() == "SUCCESS"  # the first run takes the starting position
-    client[db_name]["orders"].insert_many([{"_id": i} for i in range(7)])
+    run_shop_workload(client, db_name, orders=20, seed=3)
+    source = {c: client[db_name][c].count_documents({}) for c in ("customers", "products")}
     assert run_to_end() == "SUCCESS"
-    assets = graphql(
+
+    # Newer than the loaded definitions: the run reported each table by its key already ...
+    customers_key = ["shop", db_name, "customers", "current"]
+    reported = graphql(
         port,
-        """{ assetNodes { assetKey { path } assetMaterializations(limit: 1) {
-            metadataEntries { label ... on IntMetadataEntry { intValue }
-                ... on TableSchemaMetadataEntry { schema { columns { name type } } } } } } }""",
+        """query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { __typename
+            ... on Asset { definition { id } assetMaterializations(limit: 1) { runId } } } }""",
+        {"k": {"path": customers_key}},
+    )["assetOrError"]
+    assert reported["__typename"] == "Asset" and reported["assetMaterializations"], reported
+    assert reported["definition"] is None, "a definition before any reload"
+    # ... and a reload of the code location makes them assets of their own.
+    graphql(
+        port,
+        """mutation($n: String!) { reloadRepositoryLocation(repositoryLocationName: $n) {
+            __typename } }""",
+        {"n": entry["name"]},
     )
+    nodes_query = """{ assetNodes { assetKey { path } assetMaterializations(limit: 1) {
+        metadataEntries { label ... on IntMetadataEntry { intValue }
+            ... on TableSchemaMetadataEntry { schema { columns { name type } } } } } } }"""
+    deadline = time.monotonic() + 120
+    while True:
+        nodes = graphql(port, nodes_query)["assetNodes"]
+        if any(n["assetKey"]["path"] == customers_key for n in nodes):
+            break
+        assert time.monotonic() < deadline, "no collection assets after the reload"
+        time.sleep(2)
     rows = {
         "/".join(node["assetKey"]["path"]): {
             e["label"]: e.get("intValue", e.get("schema"))
             for m in node["assetMaterializations"]
             for e in m["metadataEntries"]
         }
-        for node in assets["assetNodes"]
+        for node in nodes
     }
-    assert rows["orders/raw_changes"]["events"] == 7
-    assert rows["orders/current"]["rows"] == 7
-    # The Catalog's conventions: the row count and the typed columns, document fields included.
-    assert rows["orders/current"]["dagster/row_count"] == 7
-    columns = {
-        c["name"]: c["type"] for c in rows["orders/current"]["dagster/column_schema"]["columns"]
-    }
-    assert columns["_tm_key"] == "string" and "_id" in columns, columns
+    tables = {p for p in rows if p.startswith(f"shop/{db_name}/")}
+    assert tables == {
+        f"shop/{db_name}/{coll}/{kind}"
+        for coll in ("customers", "orders", "products")
+        for kind in ("changes", "current")
+    }, tables
+    for coll, count in source.items():
+        current = rows[f"shop/{db_name}/{coll}/current"]
+        assert current["dagster/row_count"] == count, (coll, current)
+        columns = {c["name"] for c in current["dagster/column_schema"]["columns"]}
+        assert "_tm_key" in columns and "_id" in columns, columns
     assert "event_id" in {
-        c["name"] for c in rows["orders/changes"]["dagster/column_schema"]["columns"]
+        c["name"]
+        for c in rows[f"shop/{db_name}/orders/changes"]["dagster/column_schema"]["columns"]
     }
-    page = browse(port, "/assets/orders/current", tmp_path, "--dump-dom")
-    assert ">Columns<" in page and ">_tm_key<" in page and ">_id<" in page, "no columns shown"
+
+    # The graph: a node per collection table (Dagster labels a node by its key's last part).
+    graph = browse(port, group_page, tmp_path, "--dump-dom")
+    shown = texts(graph)
+    assert shown.count("current") == 3 and shown.count("changes") == 3, shown
+    for coll in ("customers", "orders", "products"):
+        assert f"/assets/shop/{db_name}/{coll}/current?view=checks" in graph, coll
+
+    # Each collection's Catalog page: its own fields, not another collection's, and its rows.
+    own = {"customers": ("email", "loyalty_points"), "products": ("stock", "title")}
+    for coll, fields in own.items():
+        page = texts(browse(port, f"/assets/shop/{db_name}/{coll}/current", tmp_path, "--dump-dom"))
+        row_count, columns = catalog_page(page)
+        assert row_count == source[coll], (coll, row_count)
+        assert "_tm_key" in columns and "_id" in columns, columns
+        assert all(f in columns for f in fields), (coll, columns)
+        others = [f for c, fs in own.items() if c != coll for f in fs]
+        assert not any(f in columns for f in others), (coll, columns)
 
     screenshot = tmp_path / "graph.png"
-    browse(port, "/asset-groups", tmp_path, f"--screenshot={screenshot}", "--hide-scrollbars")
+    browse(port, group_page, tmp_path, f"--screenshot={screenshot}", "--hide-scrollbars")
     assert (
         screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
     )

@@ -286,29 +286,25 @@ def _gc(runtime: Runtime, min_age: float) -> int:
 
 def _workload(runtime: Runtime, args: argparse.Namespace) -> int:
     from resources.mongo import connect
-    from tidemark.cli.workload import run_workload
+    from tidemark.cli.workload import stream_workload
 
-    streams = [s for s in runtime.config.streams if s.scope == "collection"]
+    streams = [s for s in runtime.config.streams if s.scope in ("collection", "database")]
     if not streams:
-        raise TidemarkError("The workload needs a collection stream in the streams config.", "")
+        raise TidemarkError(
+            "The workload needs a collection or database stream in the streams config.", ""
+        )
     writer = connect(runtime.uri)
     done = 0
     try:
         while not args.rounds or done < args.rounds:
             for stream in streams:
-                assert stream.database and stream.collection
-                ops = run_workload(
-                    writer,
-                    stream.database,
-                    stream.collection,
-                    orders=args.orders,
-                    seed=int(time.time()),
-                )
-                print(
-                    f"{datetime.now(UTC):%H:%M:%S} {stream.namespace}: "
-                    + ", ".join(f"{v} {k}" for k, v in ops.items()),
-                    flush=True,
-                )
+                rounds = stream_workload(writer, stream, orders=args.orders, seed=int(time.time()))
+                for namespace, ops in rounds.items():
+                    print(
+                        f"{datetime.now(UTC):%H:%M:%S} {namespace}: "
+                        + ", ".join(f"{v} {k}" for k, v in ops.items()),
+                        flush=True,
+                    )
             done += 1
             if not args.rounds or done < args.rounds:
                 time.sleep(args.every)

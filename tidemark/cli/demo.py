@@ -14,36 +14,45 @@ stop it).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 from resources.mongo import connect
 from resources.spark import REMOTE_ENV, SparkConfig, spark_session, stop_if_created
 from tidemark.cli.runtime import Runtime, resolve_spark_remote
 from tidemark.cli.table import format_table, human_bytes
-from tidemark.cli.workload import run_workload
+from tidemark.cli.workload import stream_workload
+from tidemark.config import StreamConfig
 
 
 def run_demo(runtime: Runtime, orders: int = 500) -> None:
-    streams = [s for s in runtime.config.streams if s.scope == "collection"]
+    # A cluster stream has no database of its own for the workload to write to.
+    streams = [s for s in runtime.config.streams if s.scope in ("collection", "database")]
     if not streams:
-        raise SystemExit("The demo needs a collection stream in the streams config.")
+        raise SystemExit("The demo needs a collection or database stream in the streams config.")
     remote = resolve_spark_remote(runtime.settings)
     if remote:
         # Before `orchestration` (and with it the transform) is imported: see its docstring.
         os.environ[REMOTE_ENV] = remote
-    from orchestration.in_process import local_definitions, run_sync
+    from orchestration.in_process import listed_tables, run_checks, run_sync
     from tidemark.cli.dagster_env import dagster_home
 
     os.environ.setdefault("DAGSTER_HOME", str(dagster_home(runtime.settings)))
     spark_config = SparkConfig(master=runtime.settings.spark_master or "local[*]", remote=remote)
-    defs = local_definitions(
-        runtime.config,
-        runtime.uri,
-        runtime.settings.state_url,
-        str(runtime.lake_root),
-        spark_master=spark_config.master,
-        spark_remote=remote,
-    )
+
+    def definitions() -> Any:
+        from orchestration.in_process import local_definitions
+
+        return local_definitions(
+            runtime.config,
+            runtime.uri,
+            runtime.settings.state_url,
+            str(runtime.lake_root),
+            spark_master=spark_config.master,
+            spark_remote=remote,
+        )
+
+    defs = definitions()
     print(
         f"Spark (the transform's engine): the Connect server at {remote}"
         if remote
@@ -57,29 +66,36 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
             checkpoint = runtime.store.checkpoint(stream.name)
             if checkpoint is None or not checkpoint.has_position:
                 run_sync(defs, stream)  # the first run takes the starting position
-            assert stream.database and stream.collection
-            done = run_workload(
-                writer,
-                stream.database,
-                stream.collection,
-                orders=orders,
-                seed=runtime.store.batch_count(stream.name) + 7,
+            done = stream_workload(
+                writer, stream, orders=orders, seed=runtime.store.batch_count(stream.name) + 7
             )
-            print(
-                f"workload on {stream.namespace}: " + ", ".join(f"{v} {k}" for k, v in done.items())
-            )
+            for namespace, ops in done.items():
+                print(f"workload on {namespace}: " + ", ".join(f"{v} {k}" for k, v in ops.items()))
             result = run_sync(defs, stream)
             print(
                 f"Dagster run {result.run_id[:8]} of {stream.name}_sync: "
-                f"{'success' if result.success else 'FAILED'}\n"
+                f"{'success' if result.success else 'FAILED'}"
             )
-            print(summary(stream.name, result))
+            checked = [result]
+            known = listed_tables(defs, stream)
+            defs = definitions()  # as a reload of the code location would see the store
+            if listed_tables(defs, stream) - known:
+                # Collections new to the definitions: the run reported them by their keys; one
+                # more run evaluates their checks (no Spark, a few seconds).
+                again = run_checks(defs, stream)
+                checked.append(again)
+                print(
+                    f"Dagster run {again.run_id[:8]} of the checks of {stream.name}'s new "
+                    f"collections: {'success' if again.success else 'FAILED'}"
+                )
+            print(f"\n{summary(stream, result, checked)}")
             print(collection_tables(runtime, stream.name))
-            show_tables(spark, runtime, stream.name)
+            show_tables(spark, runtime, stream)
+            print()
     finally:
         writer.close()
         stop_if_created(spark, created)
-    print(f"\nraw zone: {runtime.lake_root / 'raw'}")
+    print(f"raw zone: {runtime.lake_root / 'raw'}")
     print(f"curated zone: {runtime.lake_root / 'curated'}")
     if remote and not runtime.settings.spark_remote:
         print(
@@ -89,29 +105,47 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
     print("See the runs, the asset graph and the checks with `make ui`.")
 
 
-def summary(stream: str, result: Any) -> str:
-    from orchestration.in_process import check_outcomes, materialization_metadata
+def summary(stream: StreamConfig, result: Any, checked: list[Any]) -> str:
+    """The run in a few lines: what the drain took, what the fold added, each collection's
+    `current` as the run left it, and the checks' outcomes (counted over collections)."""
+    from orchestration.in_process import check_outcomes, materializations
 
-    raw = materialization_metadata(result, "raw_changes")
-    current = materialization_metadata(result, "current")
-    changes = materialization_metadata(result, "changes")
+    made = materializations(result)
+    raw = made.get((stream.name, "raw_changes"), {})
+    curated = made.get((stream.name, "curated"), {})
     by_type = ", ".join(
         f"{k.removeprefix('events_')} {v:,}"
         for k, v in sorted(raw.items())
         if k.startswith("events_") and v
     )
     token = raw.get("token_time")
-    checks = check_outcomes(result)
     rows = [
         ["events", f"{raw.get('events', 0):,}  ({by_type or 'none'})"],
         ["files / bytes", f"{raw.get('files', 0)} / {human_bytes(raw.get('file_bytes', 0))}"],
         ["token time", f"{_utc(token)}" if token else "-"],
         ["lag", f"{raw.get('lag_seconds', 0):.0f} s"],
-        ["changes added", f"{changes.get('changes_added', 0):,} events"],
-        ["current", f"version {current.get('version', '-')}, {current.get('rows', 0):,} rows"],
-        ["checks", ", ".join(f"{k} {v}" for k, v in sorted(checks.items()))],
+        ["changes added", f"{curated.get('changes_added', 0):,} events"],
     ]
-    return format_table([stream, ""], rows)
+    for path, metadata in sorted(made.items()):
+        if len(path) == 4 and path[0] == stream.name and path[3] == "current":
+            label = "current" if stream.scope == "collection" else f"current {path[2]}"
+            rows.append(
+                [
+                    label,
+                    f"Delta version {metadata.get('version', '-')}, "
+                    f"{metadata.get('dagster/row_count', 0):,} rows",
+                ]
+            )
+    outcomes: dict[tuple[tuple[str, ...], str], str] = {}
+    for run in checked:  # a later run's outcome of a check replaces an earlier one's
+        outcomes.update(check_outcomes(run))
+    counted = Counter((name, outcome) for (_, name), outcome in outcomes.items())
+    checks = ", ".join(
+        f"{name} {outcome}" + (f" x{n}" if n > 1 else "")
+        for (name, outcome), n in sorted(counted.items())
+    )
+    rows.append(["checks", checks])
+    return format_table([stream.name, ""], rows)
 
 
 def _utc(timestamp: float) -> str:
@@ -132,30 +166,40 @@ def collection_tables(runtime: Runtime, stream: str) -> str:
     return f"\n{stream}'s Delta tables:\n" + format_table(header, rows)
 
 
-def show_tables(spark: Any, runtime: Runtime, stream: str) -> None:
+def show_tables(spark: Any, runtime: Runtime, stream: StreamConfig) -> None:
+    """A few rows of each collection's `current` (its own document fields as columns), then
+    the newest events of the stream's `changes`."""
+    from jobs.catalog import tables
     from jobs.transform import read_changes, read_current
 
-    current = read_current(spark, runtime.store, runtime.lake_root, stream)
-    doc_fields = [
-        name
-        for name, dtype in current.dtypes
-        if not name.startswith("_tm_") and not dtype.startswith(("struct", "array"))
-    ][:6]
-    rows = current.select("_tm_coll", *doc_fields).limit(5).collect()
-    print(f"\ncurrent ({current.count():,} rows; document fields as columns):")
-    print(format_table(["coll", *doc_fields], [[_short(v) for v in r] for r in rows]))
-    changes = read_changes(spark, runtime.store, runtime.lake_root, stream)
+    found = tables(runtime.store, runtime.lake_root, stream.name)
+    for table in found:
+        if table.table != "current":
+            continue
+        current = read_current(
+            spark, runtime.store, runtime.lake_root, stream.name, db=table.db, coll=table.coll
+        )
+        doc_fields = [
+            name
+            for name, dtype in current.dtypes
+            if not name.startswith("_tm_") and not dtype.startswith(("struct", "array"))
+        ][:6]
+        rows = current.select(*doc_fields).limit(5).collect()
+        print(f"\n{table.name} current ({table.rows:,} rows; document fields as columns):")
+        print(format_table(doc_fields, [[_short(v) for v in r] for r in rows]))
+    changes = read_changes(spark, runtime.store, runtime.lake_root, stream.name)
     recent = (
         changes.orderBy(changes.event_id.desc())
-        .select("cluster_time", "operation_type", "document_key", "updated_fields")
+        .select("coll", "cluster_time", "operation_type", "document_key", "updated_fields")
         .limit(5)
         .collect()
     )
-    print(f"\nchanges ({changes.count():,} events, newest first):")
+    events = sum(t.rows for t in found if t.table == "changes")  # the catalog's: no Spark job
+    print(f"\n{stream.name} changes ({events:,} events, newest first):")
     print(
         format_table(
-            ["cluster time", "operation", "document key", "updated fields"],
-            [[_short(v) for v in r] for r in recent],
+            ["coll", "cluster time", "operation", "document key", "updated fields"],
+            [[_short(v, 36) for v in r] for r in recent],
         )
     )
 

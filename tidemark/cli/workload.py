@@ -1,7 +1,10 @@
-"""A seeded sample workload on a realistic orders collection, for the demo and the UI.
+"""Seeded sample workloads for the demo and the UI: an orders collection for a collection
+stream, and a small shop (customers, products, orders) for a database stream.
 
 Documents have nested sub-documents, arrays, dates, Decimal128 prices and ObjectIds; the
-workload inserts, updates, replaces and deletes, and runs one multi-document transaction.
+workloads insert, update, replace and delete, and run a multi-document transaction. The shop's
+three collections have fields of their own (a customer's `email`, a product's `stock`, an
+order's `lines`), so each collection table shows different columns in the Catalog.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 from bson import Decimal128, ObjectId
 from pymongo import MongoClient, UpdateOne
+
+from tidemark.config import StreamConfig
 
 CITIES = ["Lisbon", "Kraków", "Nairobi", "Osaka", "Valparaíso", "Tromsø", "Montréal", "Pune"]
 SKUS = [f"SKU-{n:04d}" for n in range(1, 60)]
@@ -91,3 +96,121 @@ def run_workload(
         coll.insert_one(make_order(rng, now), session=session)
     done["transaction (4 writes)"] += 1
     return done
+
+
+COUNTRIES = ["PT", "PL", "KE", "JP", "CL", "NO", "CA", "IN"]
+CATEGORIES = ["kitchen", "garden", "books", "toys", "tools", "audio"]
+
+
+def make_customer(rng: random.Random, now: datetime, number: int) -> dict[str, Any]:
+    return {
+        "_id": ObjectId(),
+        "name": f"Customer {number}",
+        "email": f"customer{number}@example.com",
+        "address": {"city": rng.choice(CITIES), "country": rng.choice(COUNTRIES)},
+        "loyalty_points": rng.randint(0, 500),
+        "marketing_opt_in": rng.random() < 0.4,
+        "signed_up": now - timedelta(days=rng.randint(0, 900)),
+    }
+
+
+def make_product(rng: random.Random, sku: str) -> dict[str, Any]:
+    return {
+        "_id": sku,
+        "title": f"{rng.choice(['Small', 'Large', 'Classic', 'Travel'])} "
+        f"{rng.choice(['kettle', 'lamp', 'notebook', 'speaker', 'trowel', 'puzzle'])}",
+        "price": Decimal128(Decimal(rng.randint(199, 19_999)) / 100),
+        "stock": rng.randint(0, 250),
+        "categories": rng.sample(CATEGORIES, k=rng.randint(1, 3)),
+        "dimensions_cm": {"w": rng.randint(5, 60), "h": rng.randint(5, 60)},
+    }
+
+
+def make_shop_order(
+    rng: random.Random, now: datetime, customer: ObjectId, prices: dict[str, Decimal128]
+) -> dict[str, Any]:
+    lines = [
+        {"sku": sku, "qty": rng.randint(1, 3)}
+        for sku in rng.sample(sorted(prices), min(len(prices), rng.randint(1, 3)))
+    ]
+    total = sum(Decimal(str(prices[line["sku"]])) * line["qty"] for line in lines)
+    return {
+        "_id": ObjectId(),
+        "customer_id": customer,
+        "lines": lines,
+        "status": "new",
+        "placed_at": now - timedelta(seconds=rng.randint(0, 86_400)),
+        "total": Decimal128(total),
+    }
+
+
+def run_shop_workload(
+    client: MongoClient, database: str, *, orders: int = 300, seed: int = 7
+) -> dict[str, Counter[str]]:
+    """One round of the shop: new customers and products, orders placing them, updates and
+    deletes in each collection, and one transaction over all three (an order that takes stock
+    and gives loyalty points). Returns the operations done, by collection and kind."""
+    rng = random.Random(seed)
+    now = datetime.now(UTC).replace(microsecond=0)
+    db = client[database]
+    done: dict[str, Counter[str]] = {c: Counter() for c in ("customers", "orders", "products")}
+
+    first = db.customers.estimated_document_count()  # later rounds add new customers
+    customers = [make_customer(rng, now, first + n) for n in range(max(2, orders // 3))]
+    db.customers.insert_many(customers, ordered=False)
+    done["customers"]["insert"] += len(customers)
+    # Products are keyed by SKU: a later round's upsert of a known one updates it.
+    prices = {}
+    for sku in rng.sample(SKUS, k=min(len(SKUS), max(3, orders // 10))):
+        product = make_product(rng, sku)
+        prices[sku] = product["price"]
+        kept = db.products.replace_one({"_id": sku}, product, upsert=True)
+        done["products"]["insert" if kept.upserted_id is not None else "replace"] += 1
+
+    ids = [c["_id"] for c in customers]
+    placed = [make_shop_order(rng, now, rng.choice(ids), prices) for _ in range(orders)]
+    db.orders.insert_many(placed, ordered=False)
+    done["orders"]["insert"] += len(placed)
+    order_ids = [o["_id"] for o in placed]
+    statuses = [
+        UpdateOne({"_id": _id}, {"$set": {"status": rng.choice(STATUSES[1:]), "updated_at": now}})
+        for _id in rng.sample(order_ids, k=orders // 2)
+    ]
+    done["orders"]["update"] += db.orders.bulk_write(statuses, ordered=False).modified_count
+    done["orders"]["delete"] += db.orders.delete_many(
+        {"_id": {"$in": rng.sample(order_ids, k=max(1, orders // 20))}}
+    ).deleted_count
+    for _id in rng.sample(ids, k=max(1, len(ids) // 4)):
+        db.customers.update_one({"_id": _id}, {"$set": {"marketing_opt_in": True}})
+        done["customers"]["update"] += 1
+    done["customers"]["delete"] += db.customers.delete_one({"_id": ids[-1]}).deleted_count
+    for sku in rng.sample(sorted(prices), k=max(1, len(prices) // 3)):
+        db.products.update_one({"_id": sku}, {"$inc": {"stock": rng.randint(10, 50)}})
+        done["products"]["update"] += 1
+
+    sku = rng.choice(sorted(prices))
+    with client.start_session() as session, session.start_transaction():
+        order = make_shop_order(rng, now, ids[0], {sku: prices[sku]})
+        db.orders.insert_one(order, session=session)
+        db.products.update_one({"_id": sku}, {"$inc": {"stock": -1}}, session=session)
+        db.customers.update_one({"_id": ids[0]}, {"$inc": {"loyalty_points": 10}}, session=session)
+    for name in done:
+        done[name]["in the transaction"] += 1
+    return done
+
+
+def stream_workload(
+    client: MongoClient, stream: StreamConfig, *, orders: int, seed: int
+) -> dict[str, Counter[str]]:
+    """A round of the workload that suits the stream, by namespace: the orders workload on a
+    collection stream's collection, the shop on a database stream's database; a cluster stream
+    gets none (it has no database to write to)."""
+    if stream.scope == "collection":
+        assert stream.database and stream.collection
+        done = run_workload(client, stream.database, stream.collection, orders=orders, seed=seed)
+        return {stream.namespace: done}
+    if stream.scope == "database":
+        assert stream.database
+        shop = run_shop_workload(client, stream.database, orders=orders, seed=seed)
+        return {f"{stream.database}.{coll}": ops for coll, ops in shop.items()}
+    return {}
