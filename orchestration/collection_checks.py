@@ -20,7 +20,7 @@ from pymongo import MongoClient
 
 from jobs.catalog import fold_lag, schema_drift, table_names, tables
 from jobs.ops import source_count
-from orchestration.keys import TableName, keys, table_key
+from orchestration.keys import TableName, keys, table_key, table_of
 from orchestration.metadata import explained, schema_changes_md
 from orchestration.resources import StateStoreResource
 from state import StateStore
@@ -74,7 +74,7 @@ def table_check_results(
     waited = lag.seconds(datetime.now(UTC))
     limits = stream.checks
     for check in selected:
-        db, coll = check.asset_key.path[1], check.asset_key.path[2]
+        db, coll, _ = table_of(check.asset_key, stream.name) or ("", "", "")
         base = {"check_name": check.name, "asset_key": check.asset_key}
         if check.name == ROW_COUNT:
             yield _row_count(base, rows.get((db, coll), 0), f"{db}.{coll}", counted)

@@ -10,7 +10,7 @@ import dagster as dg
 
 from orchestration.definitions import build_definitions
 from orchestration.discovery import known_tables
-from orchestration.keys import TableName
+from orchestration.keys import TableName, table_of
 from orchestration.resources import build_resources
 from orchestration.schedules import sync_job_name
 from tidemark.config import StreamConfig, TidemarkConfig
@@ -38,11 +38,13 @@ def local_definitions(
 
 def listed_tables(defs: dg.Definitions, stream: StreamConfig) -> set[TableName]:
     """The stream's collection tables the definitions have assets for."""
-    return {
-        (key.path[1], key.path[2], key.path[3])
-        for key in defs.resolve_all_asset_keys()
-        if len(key.path) == 4 and key.path[0] == stream.name
-    }
+    found = (table_of(key, stream.name) for key in defs.resolve_all_asset_keys())
+    return {table for table in found if table is not None}
+
+
+def table_named(path: tuple[str, ...], stream: StreamConfig) -> TableName | None:
+    """(db, collection, kind) of a materialized asset's key path, if it is a table of `stream`."""
+    return table_of(dg.AssetKey(list(path)), stream.name)
 
 
 def run_checks(defs: dg.Definitions, stream: StreamConfig) -> Any:

@@ -2,8 +2,10 @@
 
 A stream has `raw_changes`, `replay` and `curated` (its curated zone as a whole: the step that
 folds the raw batches, which every transform run materializes). Each collection table is an
-asset of its own, keyed `[stream, db, coll, "changes" | "current"]`; a database's own events
-(dropDatabase) are the `changes` table of the collection `$database`.
+asset of its own, keyed `[stream, db, "<coll>.changes" | "<coll>.current"]`: the Dagster UI
+labels a graph node with its key's last part, so that part names the collection and the table
+(`[stream, db, coll, "current"]` drew every collection's node as "current"). A database's own
+events (dropDatabase) are the table `$database.changes`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ def keys(stream: StreamConfig) -> dict[str, dg.AssetKey]:
 
 
 def table_key(stream: str, db: str, coll: str, kind: str) -> dg.AssetKey:
-    return dg.AssetKey([stream, db, coll, kind])
+    return dg.AssetKey([stream, db, f"{coll}.{kind}"])
+
+
+def table_of(key: dg.AssetKey, stream: str) -> TableName | None:
+    """(db, collection, kind) of one of `stream`'s collection table keys; None for any other
+    key. A collection's name may hold dots: the kind is the last part."""
+    if len(key.path) != 3 or key.path[0] != stream:
+        return None
+    coll, _, kind = key.path[2].rpartition(".")
+    return (key.path[1], coll, kind) if coll and kind in ("changes", "current") else None
 
 
 def pool(stream: StreamConfig) -> str:

@@ -49,7 +49,7 @@ def shop(mongod, spark, tmp_path, db_name):
 
 
 def _key(db: str, coll: str, kind: str) -> str:
-    return f"shop/{db}/{coll}/{kind}"
+    return f"shop/{db}/{coll}.{kind}"
 
 
 def _materialized(run: dg.ExecuteInProcessResult) -> dict[str, dict]:
@@ -101,8 +101,8 @@ def test_each_collection_is_an_asset_with_its_own_columns_rows_and_checks(shop, 
     again = shop(reload=True)
     graph = again.resolve_asset_graph()
     assert tables <= {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert graph.get(dg.AssetKey(["shop", db_name, "orders", "current"])).parent_keys == {
-        dg.AssetKey(["shop", db_name, "orders", "changes"])
+    assert graph.get(dg.AssetKey(["shop", db_name, "orders.current"])).parent_keys == {
+        dg.AssetKey(["shop", db_name, "orders.changes"])
     }
     for coll, own, rows in (("customers", "vip", 5), ("orders", "qty", 8), ("products", "sku", 3)):
         metadata = made[_key(db_name, coll, "current")]

@@ -86,8 +86,8 @@ def test_definitions_load_without_deprecation_or_supersession_warnings(monkeypat
         "a/raw_changes",
         "a/replay",
         "a/curated",
-        "a/d/c/changes",  # a collection stream's tables are assets before any run
-        "a/d/c/current",
+        "a/d/c.changes",  # a collection stream's tables are assets before any run
+        "a/d/c.current",
         "b/raw_changes",
         "b/replay",
         "b/curated",  # a database stream's get theirs as its runs make them
@@ -138,8 +138,8 @@ def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):
     assert _materialized(run) == {
         "orders/raw_changes",
         "orders/curated",
-        f"orders/{db_name}/orders/changes",
-        f"orders/{db_name}/orders/current",
+        f"orders/{db_name}/orders.changes",
+        f"orders/{db_name}/orders.current",
     }
     checks = _checks(run)
     assert checks == {
@@ -170,7 +170,7 @@ def test_a_scheduled_run_materializes_the_whole_group(setup, client, db_name):
     current = next(
         e
         for e in run.get_asset_materialization_events()
-        if e.asset_key == dg.AssetKey(["orders", db_name, "orders", "current"])
+        if e.asset_key == dg.AssetKey(["orders", db_name, "orders.current"])
     )
     assert current.materialization.metadata["dagster/row_count"].value == 30
 
@@ -214,10 +214,10 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
         for e in compaction.all_events
         if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
     }
-    assert set(observed) == {"orders/curated", f"orders/{db_name}/orders/current"}
+    assert set(observed) == {"orders/curated", f"orders/{db_name}/orders.current"}
     assert observed["orders/curated"]["deltas_compacted"] == 2
     assert observed["orders/curated"]["version"] == 4 and observed["orders/curated"]["rows"] == 20
-    assert observed[f"orders/{db_name}/orders/current"]["dagster/row_count"] == 20
+    assert observed[f"orders/{db_name}/orders.current"]["dagster/row_count"] == 20
     assert requests() == []  # nothing merged since
     table = resources["lake"].path / "curated" / "orders" / db_name / "orders" / "current"
     history = resources["spark"].session().sql(f"DESCRIBE HISTORY delta.`{table}`").collect()
@@ -282,7 +282,7 @@ def test_backfill_of_two_partitions_yields_exactly_their_events_and_folds_them(
     assert batch.source == "replay" and store.checkpoint("orders").token is None
 
     # The replayed window is folded by the automation, into the collection's tables.
-    changes_key = dg.AssetKey(["orders", db_name, "orders", "changes"])
+    changes_key = dg.AssetKey(["orders", db_name, "orders.changes"])
     assert {CURATED, changes_key} <= requested()
     sync = defs.resolve_job_def("orders_sync")
     folded = sync.execute_in_process(instance=instance)
@@ -366,14 +366,16 @@ def test_a_resnapshot_job_reports_snapshot_progress(setup, client, db_name):
     current = next(
         e
         for e in run.get_asset_materialization_events()
-        if e.asset_key == dg.AssetKey(["orders", db_name, "orders", "current"])
+        if e.asset_key == dg.AssetKey(["orders", db_name, "orders.current"])
     )
     assert current.materialization.metadata["dagster/row_count"].value == 100
 
 
 def _metadata_of(result: dg.ExecuteInProcessResult, name: str) -> dict:
     (event,) = [
-        e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == name
+        e
+        for e in result.get_asset_materialization_events()
+        if e.asset_key.path[-1].rpartition(".")[2] == name
     ]
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
@@ -460,8 +462,8 @@ def test_the_transform_is_requested_only_after_a_drain_that_committed_a_new_batc
     # One run of the multi-asset: the stream's fold and its tables (so their checks run).
     assert requested() == {
         CURATED,
-        dg.AssetKey(["orders", db_name, "orders", "changes"]),
-        dg.AssetKey(["orders", db_name, "orders", "current"]),
+        dg.AssetKey(["orders", db_name, "orders.changes"]),
+        dg.AssetKey(["orders", db_name, "orders.current"]),
     }
     assert requested() == set()  # requested once, not at every tick
 

@@ -52,8 +52,8 @@ def test_the_least_privilege_role_drains_and_no_output_holds_the_password(
     assert {e.asset_key.to_user_string() for e in materialized} == {
         "orders/raw_changes",
         "orders/curated",
-        "orders/shop/orders/changes",
-        "orders/shop/orders/current",
+        "orders/shop/orders.changes",
+        "orders/shop/orders.current",
     }
     raw = next(e for e in materialized if e.asset_key == dg.AssetKey(["orders", "raw_changes"]))
     assert raw.materialization.metadata["events_insert"].value == 5

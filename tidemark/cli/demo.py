@@ -108,7 +108,7 @@ def run_demo(runtime: Runtime, orders: int = 500) -> None:
 def summary(stream: StreamConfig, result: Any, checked: list[Any]) -> str:
     """The run in a few lines: what the drain took, what the fold added, each collection's
     `current` as the run left it, and the checks' outcomes (counted over collections)."""
-    from orchestration.in_process import check_outcomes, materializations
+    from orchestration.in_process import check_outcomes, materializations, table_named
 
     made = materializations(result)
     raw = made.get((stream.name, "raw_changes"), {})
@@ -127,8 +127,9 @@ def summary(stream: StreamConfig, result: Any, checked: list[Any]) -> str:
         ["changes added", f"{curated.get('changes_added', 0):,} events"],
     ]
     for path, metadata in sorted(made.items()):
-        if len(path) == 4 and path[0] == stream.name and path[3] == "current":
-            label = "current" if stream.scope == "collection" else f"current {path[2]}"
+        table = table_named(path, stream)
+        if table is not None and table[2] == "current":
+            label = "current" if stream.scope == "collection" else f"current {table[1]}"
             rows.append(
                 [
                     label,
