@@ -235,7 +235,7 @@ def ui_times(
             node_times.append(time.perf_counter() - t1)
         last = f"coll_{collections - 1:03d}" if collections else None
         keys = {"/".join(n["assetKey"]["path"]) for n in nodes}
-        if last and not any(f"/{last}/current" in k for k in keys):
+        if last and not any(k.endswith(f"/{last}.current") for k in keys):
             raise SystemExit(f"{last} is not among the asset nodes")
 
         def render(path: str) -> tuple[float, str]:
@@ -261,13 +261,13 @@ def ui_times(
         catalog_s, catalog = render("/assets")
         # The Catalog lists the top folders (one per stream) with how many assets each holds.
         (work / "catalog.html").write_text(catalog)
-        # The Catalog is a flat list of full keys ("s1 / catalog_db1 / coll_000 / current"),
+        # The Catalog is a flat list of full keys ("s1 / catalog_db1 / coll_000.current"),
         # drawn as it scrolls: the rows in the DOM say how much of it the page rendered.
         catalog_rows = len(set(re.findall(r">(s\d+(?: / [^<]+)+)<", catalog)))
         graph_s, graph = render(f"/locations/{LOCATION}/asset-groups/s1")
         (work / "graph.html").write_text(graph)
         s1_collections = len([c for c in range(collections) if c % streams == 0])
-        shown = len(re.findall(r">current<", graph))
+        shown = len(re.findall(r">coll_\d+\.current<", graph))
         return {
             "start": started,
             "asset_nodes": statistics.median(node_times),
