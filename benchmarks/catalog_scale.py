@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+
+from resources.processes import terminate_group
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCATION = "orchestration.definitions"
@@ -278,11 +279,8 @@ def ui_times(
             "graph_nodes": f"{shown} of {s1_collections}",
         }
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        terminate_group(server.pid)  # the webserver and its code server
+        server.wait()
         log.close()
 
 

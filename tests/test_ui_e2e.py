@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from resources.embedded_mongo import free_port
+from resources.processes import terminate_group
 from tidemark.cli.dagster_env import DAGSTER_YAML
 from tidemark.cli.workload import run_shop_workload
 
@@ -108,11 +108,8 @@ def dagster_dev(tmp_path, mongod, db_name):
         graphql(port, "mutation { setNuxSeen }")  # the first-visit pop-up would cover the graph
         yield port
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        terminate_group(server.pid)  # the webserver and its code server
+        server.wait()
         log.close()
 
 
