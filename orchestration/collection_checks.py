@@ -11,7 +11,7 @@ And one op of its own: `collections_listed` on `curated`, the collections the st
 that the loaded definitions do not (a reload of the code location gives them their assets).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,9 +56,10 @@ def table_check_results(
     stream: StreamConfig,
     store: StateStore,
     lake_root: Path,
-    mongo: MongoClient,
+    mongo: Callable[[], MongoClient],
 ) -> Iterator[dg.AssetCheckResult]:
-    """The `selected` checks' results, as the tables are now."""
+    """The `selected` checks' results, as the tables are now. MongoDB is reached (`mongo`) only
+    for a row count: the fold itself never needs it."""
     if not selected:
         return
     rows = {
@@ -111,13 +112,14 @@ def table_check_results(
 
 
 def _source_counts(
-    mongo: MongoClient, store: StateStore, stream: StreamConfig
+    mongo: Callable[[], MongoClient], store: StateStore, stream: StreamConfig
 ) -> tuple[dict[str, int], str] | TidemarkError:
-    """Documents per collection, or why they could not be counted (a check result says so:
-    the run's tables are committed by then, so the step does not fail on it)."""
+    """Documents per collection, or why they could not be counted, MongoDB unreachable
+    included (a check result says so: the run's tables are committed by then, so the step
+    does not fail on it)."""
     try:
         checkpoint = store.checkpoint(stream.name)
-        expected = source_count(mongo, stream, checkpoint.source if checkpoint else None)
+        expected = source_count(mongo(), stream, checkpoint.source if checkpoint else None)
     except TidemarkError as exc:
         return exc
     return expected.by_collection, expected.how

@@ -167,7 +167,7 @@ def transform_asset(stream: StreamConfig, known: Sequence[TableName] = ()) -> dg
             stream,
             store,
             lake.path,
-            mongo.client(),
+            mongo.client,
         )
 
     return spark_transform

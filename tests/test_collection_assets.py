@@ -17,7 +17,7 @@ from tidemark.config import TidemarkConfig
 @pytest.fixture
 def shop(mongod, spark, tmp_path, db_name):
     """A database stream; `defs(reload=True)` loads the definitions as the code location does,
-    with the tables the state store knows by then."""
+    with the tables the state store knows by then; `mongodb_uri` replaces the mongod's."""
     config = TidemarkConfig.model_validate(
         {
             "streams": [
@@ -31,19 +31,22 @@ def shop(mongod, spark, tmp_path, db_name):
         }
     )
     state_url = f"sqlite:///{tmp_path / 'state.db'}"
-    resources = build_resources(
-        mongodb_uri=mongod.uri,
-        state_url=state_url,
-        lake_root=str(tmp_path / "lake"),
-        spark_master="local[2]",
-    )
 
-    def defs(reload: bool = False) -> dg.Definitions:
+    def defs(reload: bool = False, mongodb_uri: str | None = None) -> dg.Definitions:
+        resources = build_resources(
+            mongodb_uri=mongodb_uri or mongod.uri,
+            state_url=state_url,
+            lake_root=str(tmp_path / "lake"),
+            spark_master="local[2]",
+        )
         tables = known_tables(state_url, config.streams) if reload else {}
         loaded = build_definitions(config, resources, tables=tables)
-        # Checks alone, as the UI's "Execute checks" runs them.
+        # Checks alone, as the UI's "Execute checks" runs them; the fold and its tables' checks,
+        # as the automation runs them.
         only_checks = dg.define_asset_job("only_checks", dg.AssetSelection.all_asset_checks())
-        return dg.Definitions.merge(loaded, dg.Definitions(jobs=[only_checks]))
+        capture = dg.AssetSelection.assets(["shop", "raw_changes"], ["shop", "replay"])
+        fold = dg.define_asset_job("fold", dg.AssetSelection.groups("shop") - capture)
+        return dg.Definitions.merge(loaded, dg.Definitions(jobs=[only_checks, fold]))
 
     return defs
 
@@ -138,6 +141,20 @@ def test_each_collection_is_an_asset_with_its_own_columns_rows_and_checks(shop, 
     products = checks[(_key(db_name, "products", "current"), "row_count_matches_source")]
     assert not products.passed and products.metadata["difference"].value == 1
     assert checks[(_key(db_name, "orders", "current"), "row_count_matches_source")].passed
+
+    # The fold never needs MongoDB: with it unreachable the step folds and checks, and only the
+    # row counts say they could not count.
+    db.orders.insert_one({"_id": 101, "qty": 2})
+    assert again.resolve_job_def("shop_drain").execute_in_process(instance=instance).success
+    away = shop(reload=True, mongodb_uri="mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=300")
+    run = away.resolve_job_def("fold").execute_in_process(instance=instance)
+    assert run.success
+    assert _materialized(run)[_key(db_name, "orders", "current")]["dagster/row_count"] == 10
+    checks = _checks(run)
+    count = checks[(_key(db_name, "orders", "current"), "row_count_matches_source")]
+    assert not count.passed and "could not be counted" in (count.description or "")
+    assert "127.0.0.1:9" in count.description
+    assert checks[(_key(db_name, "orders", "current"), "freshness")].passed
 
 
 def test_freshness_and_schema_drift_are_checked_per_collection(shop, client, db_name):
