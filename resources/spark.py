@@ -148,7 +148,29 @@ def jvm_settings(config: SparkConfig) -> dict[str, str]:
         # UDF workers fork from a daemon that has imported the transform once (see there).
         settings["spark.python.daemon.module"] = "jobs.transform.python_daemon"
     settings.update(delta_jvm_settings())  # Delta Lake: its jars, SQL extension and catalog
+    settings.update(LARGE_VALUE_PARQUET)
     return settings
+
+
+# Parquet writer settings for events of tens of MB (a 12 MB document with its pre- and
+# post-image). They are Hadoop settings, read by the writer from the JVM's Hadoop
+# configuration: a Connect client cannot set them per session.
+# - Parquet checks a row group's and a page's buffered size only every 100 rows at first, so
+#   it buffered all of a run's large rows before its first flush; 1 makes it check after the
+#   first row, and its adaptive estimate spaces the checks out again for small rows;
+# - row groups of 16 MB (128 by default) hold a few large rows, not dozens;
+# - every row group keeps its columns' min and max values until its file closes: two whole
+#   copies of a document per row group and column, for the documents' columns in `changes`
+#   and every string field of `current` (whose column names Delta maps, so they cannot be
+#   named here). Delta's data skipping uses its own statistics, in its log.
+# With these and the run's rows held on disk (`jobs.transform.change_log`), 16 events of
+# ~36 MB fold on a 2 GB driver; without the statistics setting, or with the rows held in
+# memory, the driver ran out of memory (measured; a heap dump showed the copies).
+LARGE_VALUE_PARQUET = {
+    "spark.hadoop.parquet.page.size.row.check.min": "1",
+    "spark.hadoop.parquet.block.size": str(16 << 20),
+    "spark.hadoop.parquet.column.statistics.enabled": "false",
+}
 
 
 def local_environment(config: SparkConfig) -> dict[str, str]:

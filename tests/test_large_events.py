@@ -1,11 +1,14 @@
 """Events over 16 MB on a server that splits them (mongod 6.0.27, `$changeStreamSplitLargeEvent`):
 fragments rejoined into one raw-zone row byte-identical to the reference rebuild, runs that stop
-only between whole events, a fragment's token never stored, and resumes in the middle of an
-event (the reader's own, and a stream opened at a fragment's token)."""
+only between whole events, a fragment's token never stored, resumes in the middle of an event
+(the reader's own, and a stream opened at a fragment's token), and a run of such events folded
+on the default 2 GB Spark server."""
 
 from __future__ import annotations
 
+import random
 import signal
+import string
 import time
 
 import pytest
@@ -17,6 +20,10 @@ from jobs.capture.capture_pass import PassBounds, capture_pass
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.writer import RawBatchWriter
 from jobs.transform import read_changes, read_current, transform
+from resources.embedded_mongo import free_port
+from resources.spark_server import start_server, stop_server
+from tests.helpers.connect_transform import transform_over_connect
+from tests.helpers.delta_reading import changes_event_ids, current_documents, current_tables
 from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state
@@ -303,3 +310,45 @@ def test_a_split_events_token_needs_the_split_stage_to_resume(
             lambda: None,
             position_time=None,
         )
+
+
+def test_sixteen_events_of_36_mb_fold_on_the_default_2_gb_server(
+    client, raw_client, sqlite_store, lake, make_stream, db_name, tmp_path
+):
+    """Issue 24, item 7: 12 MB documents, each updated once with pre- and post-images, so
+    that each update event is ~36 MB (split by the server, rejoined by the drain). Folded in
+    one run, they ran the server's 2 GB driver out of memory until the run held its rows on
+    disk and the Parquet writer stopped buffering and keeping copies of them."""
+    orders = _images_collection(client, db_name)
+    stream = make_stream(**IMAGES, budget={"max_events": None, "max_bytes": None})
+    rng = random.Random(24)
+
+    def blob() -> str:  # letters at random: compression does not shrink them
+        return "".join(rng.choices(string.ascii_letters, k=12 * MB))
+
+    def run() -> dict:
+        return transform_over_connect(server.url, sqlite_store, lake, stream)
+
+    server, _ = start_server(tmp_path / "home", port=free_port(), driver_memory="2g")
+    try:
+        drain(stream, raw_client, sqlite_store, lake)
+        for half in (range(8), range(8, 16)):  # drained by halves: the oplog is 256 MB
+            for n in half:
+                orders.insert_one({"_id": n, "a": blob()})
+            drain(stream, raw_client, sqlite_store, lake)
+        assert run() == {"added": 16, "rows": 16}
+        for half in (range(8), range(8, 16)):
+            for n in half:
+                orders.update_one({"_id": n}, {"$set": {"a": blob()}})
+            assert drain(stream, raw_client, sqlite_store, lake).events == 8
+        raws = committed_table(sqlite_store, lake, stream.name)["raw"].to_pylist()
+        sizes = [len(r) for r in raws]
+        assert sorted(sizes)[-16] > 36 * MB  # the 16 updates, each whole
+
+        assert run() == {"added": 16, "rows": 16}
+    finally:
+        stop_server(tmp_path / "home")
+    # Read as any engine would (deltalake, no JVM): every document whole and newest.
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+    assert current_documents(path) == source_state(raw_client, db_name, "orders")
+    assert len(changes_event_ids(sqlite_store, lake, stream.name)) == 32

@@ -1,6 +1,7 @@
 """The long-lived Spark Connect server, for real: started under a temporary Tidemark home on a
 free port, queried by a Connect client in a fresh process (whose pandas UDF must run in this
-venv's Python), restarted idempotently, stopped, and a start that cannot bind its port.
+venv's Python), a transform over it whose tables delta-rs reads, restarted idempotently,
+stopped, and a start that cannot bind its port.
 
 The clients run in subprocesses: a Connect session switches its whole process to Connect mode
 (SPARK_CONNECT_MODE_ENABLED), which would turn the rest of the suite's local sessions remote.
@@ -17,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bson import ObjectId
 
+from jobs.capture import drain
 from resources.embedded_mongo import free_port
 from resources.spark_server import (
     CONNECT_CLASS,
@@ -26,6 +29,10 @@ from resources.spark_server import (
     start_server,
     stop_server,
 )
+from state import TransformState
+from tests.helpers.connect_transform import transform_over_connect
+from tests.helpers.delta_reading import current_documents, current_tables, query
+from tests.helpers.oracle import source_state
 from tidemark.cli.commands import main
 from tidemark.errors import SparkServerError
 
@@ -107,6 +114,39 @@ def test_a_connect_client_runs_queries_and_venv_python_udfs(server) -> None:
     assert (result["time_zone"], result["case_sensitive"]) == ("UTC", "true")
     assert result["refused"] == []  # no JVM-only setting (spark.ui.*, driver) was sent
     assert result["local_jvm"] is False
+
+
+def test_the_tables_a_transform_writes_over_connect_are_read_by_delta_rs(
+    server, client, raw_client, sqlite_store, lake, make_stream, db_name
+) -> None:
+    """Over Spark Connect, a Python UDF's strings came back typed `string collate
+    UTF8_BINARY`. Delta wrote that type into the schemas of the tables the CLI and Dagster
+    make (both use the local Connect server), and delta-rs refused to read any of them
+    (`Unsupported Delta table type`). Keys of every kind, the Python path of a string `_id`
+    included."""
+    _, started = server
+    stream = make_stream()
+    orders = client[db_name]["orders"]
+    drain(stream, raw_client, sqlite_store, lake)  # the stream starts here
+    orders.insert_many(
+        [
+            {"_id": 1, "a": {"b": 1}},
+            {"_id": "k", "a": {"b": 2}},
+            {"_id": ObjectId(), "s": "x"},
+            {"_id": {"x": 1}, "s": "y"},
+        ]
+    )
+    orders.update_one({"_id": "k"}, {"$set": {"a.c": [1, 2]}})
+    orders.delete_one({"_id": 1})
+    drain(stream, raw_client, sqlite_store, lake)
+
+    assert transform_over_connect(started.url, sqlite_store, lake, stream)["added"] == 6
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+    assert current_documents(path) == source_state(raw_client, db_name, "orders")
+    tables = TransformState(sqlite_store).tables(stream.name)
+    assert sorted(t.kind for t in tables) == ["changes", "current"]
+    for table in tables:  # every column of every table
+        assert query(lake / table.path, "SELECT * FROM t"), table.path
 
 
 def test_start_is_idempotent_and_the_cli_reports_and_stops_it(server, monkeypatch, capsys):

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, StructType
 
 from jobs.curated_zone import PLAIN_JSON, current_dir, removed_dir
+from jobs.transform.change_log import held
 from jobs.transform.delta_io import (
     CURRENT_PROPERTIES,
     REMOVED_PROPERTIES,
@@ -182,7 +183,7 @@ class Fold:
             latest = latest.join(hidden.select(*KEY), KEY, "left_anti")
         if shuffled or removals is not None or self.facts.other_keys:
             # Held once: each collection's MERGE and the tombstones read it.
-            latest = latest.localCheckpoint()
+            latest = held(latest, self.facts.large)
         for ns in self._namespaces_of(latest):
             self._reach(ns)
             in_ns = (F.col("_tm_db") == F.lit(ns[0])) & (F.col("_tm_coll") == F.lit(ns[1]))

@@ -11,9 +11,12 @@ run's own batches are not "already held": a repeat of a killed run must fold the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -38,6 +41,46 @@ LOGGED_JSON = PLAIN_JSON
 
 
 _RAW_COLUMNS = from_arrow_schema(RAW_SCHEMA)
+# From this many raw bytes per event in a batch, a run holds its rows on disk rather than in
+# the driver's memory: a change-log row of a 36 MB event carries ~60 MB of JSON, and sixteen
+# of them held in memory ran a 2 GB driver out of it (see also resources.spark's Parquet
+# settings).
+LARGE_EVENT_BYTES = 1 << 20
+
+
+def large_events(batches: list[BatchRecord]) -> bool:
+    """True when a batch's events average LARGE_EVENT_BYTES or more (the manifest's bytes)."""
+    return any(b.event_count and b.bytes / b.event_count >= LARGE_EVENT_BYTES for b in batches)
+
+
+ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@contextmanager
+def sized_for(spark: SparkSession, large: bool) -> Iterator[None]:
+    """The session's settings for a run of large events, put back after it: its Python UDFs
+    take one row per Arrow batch (10,000 by default: a task's whole input and output in
+    memory at once, twice over with two tasks)."""
+    if not large:
+        yield
+        return
+    before = spark.conf.get(ARROW_BATCH, None)
+    spark.conf.set(ARROW_BATCH, "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(ARROW_BATCH)
+        else:
+            spark.conf.set(ARROW_BATCH, before)
+
+
+def held(frame: DataFrame, on_disk: bool) -> DataFrame:
+    """`frame` computed once and held for the run's later reads: on disk for large events,
+    else where Spark likes (memory, spilling to disk)."""
+    if on_disk:
+        return frame.localCheckpoint(storageLevel=StorageLevel.DISK_ONLY)
+    return frame.localCheckpoint()
 
 
 @dataclass(frozen=True)
@@ -79,7 +122,11 @@ def change_log_rows(raw: DataFrame) -> DataFrame:
     ]
     documents = [*DOCUMENT_FIELDS, LOGGED_JSON]
     with_documents = raw.select(*envelope, documents_udf(F.col("raw")).alias("_documents")).select(
-        *envelope, *(F.col("_documents").getField(name).alias(name) for name in documents)
+        *envelope,
+        # Cast: over Spark Connect a UDF's string comes back typed `string collate
+        # UTF8_BINARY`, which Delta then writes into the table's schema and which readers
+        # outside Spark (deltalake, DuckDB) refuse; the cast makes it the plain `string`.
+        *(F.col("_documents").getField(name).cast("string").alias(name) for name in documents),
     )
     update = F.col("update_description")
     return with_documents.select(
@@ -164,7 +211,7 @@ def log_new_events(
         if seen is not None:
             raw = raw.join(seen, "event_id", "left_anti")
     # Held once: each collection's append, and the fold after them, read these rows.
-    events = change_log_rows(raw).localCheckpoint()
+    events = held(change_log_rows(raw), large_events(batches))
     found = events.select("db", "coll").distinct().collect()
     namespaces = sorted(((r.db, r.coll) for r in found), key=lambda n: (n[0] or "", n[1] or ""))
     for db, coll in namespaces:

@@ -75,6 +75,7 @@ class EventFacts:
     namespace_events: bool = True  # a namespace event may be among them
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
     deletes: bool = True  # a delete may be among them
+    large: bool = False  # events of a MB or more (`change_log.large_events`): rows held on disk
 
 
 @dataclass(frozen=True)

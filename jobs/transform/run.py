@@ -33,7 +33,7 @@ from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
 from jobs.raw_zone import SNAPSHOT_START
 from jobs.transform.apply import Fold, Folded, may_hold
-from jobs.transform.change_log import NewEvents, log_new_events
+from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched
 from resources.spark import spark_failures
@@ -183,14 +183,15 @@ def _transform(
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
         recorded = {lake_root / t.path: t.delta_version for t in tstate.tables(stream.name)}
         writer = RunWriter(session, lake_root, stream.name, number, recorded)
-        new = log_new_events(writer, tstate, batches)
-        phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
-        added = new.count if new is not None else 0
-        store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if taken over
-        meter.enter("current", done=meter.total)
-        folded = Folded()
-        if stream.current_table and new is not None:
-            folded = _fold(writer, tstate, stream, new, batches, repeat)
+        with sized_for(session, large_events(batches)):
+            new = log_new_events(writer, tstate, batches)
+            phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
+            added = new.count if new is not None else 0
+            store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if lost
+            meter.enter("current", done=meter.total)
+            folded = Folded()
+            if stream.current_table and new is not None:
+                folded = _fold(writer, tstate, stream, new, batches, repeat)
         tables = _table_records(writer, tstate, stream.name, folded, new)
         phases["current"], mark = time.monotonic() - mark, time.monotonic()
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)
@@ -244,6 +245,7 @@ def _fold(
         namespace_events=may_hold(batches, NAMESPACE_OPERATIONS),
         other_keys=new.other_keys,
         deletes=may_hold(batches, ["delete"]),
+        large=large_events(batches),
     )
     watched = Watched(stream.database, stream.collection)
     collections = [(db, coll) for db, coll in new.namespaces if db is not None and coll is not None]
