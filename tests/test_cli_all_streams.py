@@ -200,3 +200,30 @@ def test_the_cli_imports_no_transform_before_it_chooses_the_spark_mode():
         [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.fast
+def test_a_transform_or_tables_with_nothing_to_do_never_reaches_mongodb(
+    monkeypatch, tmp_path, capsys
+):
+    """Neither needs MongoDB, so neither starts the embedded mongod (with MONGODB_URI unset,
+    the runtime used to start it for every command) nor imports the capture: a quiet run is
+    mostly the process's start-up."""
+    cli_environment(monkeypatch, tmp_path, "", "streams:\n  - name: orders\n    database: d\n")
+    monkeypatch.delenv("MONGODB_URI")
+    assert main(["transform", "orders"]) == 0
+    assert "nothing new" in capsys.readouterr().out
+    assert main(["tables"]) == 0
+    captured = capsys.readouterr()
+    assert "MONGODB_URI is not set" not in captured.err
+    assert not (tmp_path / "home" / "mongod").exists()
+
+    probe = (
+        "import sys, tidemark.cli.commands; "
+        "print(sorted(m for m in sys.modules if m.startswith(('jobs.capture', 'jobs.ops'))))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

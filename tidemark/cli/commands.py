@@ -13,21 +13,24 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.capture import DrainResult, drain
-from jobs.ops import collect_garbage, reset_stream
 from resources.embedded_mongo import ensure_embedded, stop_embedded
 from resources.spark import REMOTE_ENV
 from resources.spark_server import DEFAULT_PORT, last_log, running_server, start_server, stop_server
 from tidemark.cli.curated import tables_command, transform_command
 from tidemark.cli.progress import terminal_progress
 from tidemark.cli.runtime import Runtime, StreamFailures, open_runtime
-from tidemark.cli.status import status_json, status_table
 from tidemark.cli.table import format_table, human_bytes
 from tidemark.errors import SparkServerError, TidemarkError
 from tidemark.settings import Settings, home_notice
 from tidemark.tokens import ts_to_datetime
+
+if TYPE_CHECKING:
+    from jobs.capture import DrainResult
+
+# The pipeline's modules (`jobs.*`) are imported by the commands that use them: a `transform`
+# or `tables` then starts without the capture's imports (a quiet run is mostly start-up).
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -151,6 +154,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "transform":
             return transform_command(runtime, args)
         if args.command == "status":
+            from tidemark.cli.status import status_json, status_table
+
             return status_json(runtime) if args.json else status_table(runtime)
         if args.command == "tables":
             return tables_command(runtime, as_json=args.json)
@@ -173,6 +178,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
+    from jobs.capture import drain
+
     if args.all == bool(args.stream):
         raise TidemarkError("Name one stream to drain, or pass --all.", "")
     shown = terminal_progress()
@@ -226,6 +233,8 @@ def _drain_table(results: Sequence[DrainResult | str]) -> str:
 
 
 def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
+    from jobs.ops import reset_stream
+
     stream = runtime.config.stream(args.stream)
     actor = f"{getpass.getuser()}@{socket.gethostname()} (tidemark reset)"
     moment = reset_stream(
@@ -243,6 +252,8 @@ def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def _resnapshot(runtime: Runtime, name: str) -> int:
+    from jobs.capture import drain
+
     stream = runtime.config.stream(name)
     result = drain(
         stream,
@@ -267,6 +278,7 @@ def _resnapshot(runtime: Runtime, name: str) -> int:
 
 
 def _gc(runtime: Runtime, min_age: float) -> int:
+    from jobs.ops import collect_garbage
     from tidemark.cli.curated import lazy_spark
 
     rows = []

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -77,30 +78,41 @@ def load_config_per_stream(settings: Settings, announce: bool = True) -> Tidemar
     return streams_file.config()
 
 
-@dataclass
 class Runtime:
-    settings: Settings
-    config: TidemarkConfig
-    store: StateStore
-    client: MongoClient  # raw BSON documents, for draining
-    uri: str
+    """What a command works with. MongoDB is reached on first use only: a transform, `tables`
+    or `gc` never needs it, so none of them starts the embedded mongod or waits for a server."""
+
+    def __init__(
+        self, settings: Settings, config: TidemarkConfig, store: StateStore, announce: bool
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.store = store
+        self._announce = announce
+
+    @cached_property
+    def uri(self) -> str:
+        return resolve_mongodb_uri(self.settings, self._announce)
+
+    @cached_property
+    def client(self) -> MongoClient:
+        """Raw BSON documents, for draining."""
+        return connect(self.uri, raw=True)
 
     @property
     def lake_root(self) -> Path:
         return self.settings.lake_root
 
     def close(self) -> None:
-        self.client.close()
+        if "client" in self.__dict__:
+            self.client.close()
         self.store.close()
 
 
 def open_runtime(settings: Settings | None = None, announce: bool = True) -> Runtime:
     settings = settings or Settings.from_env()
     config = load_config_per_stream(settings, announce)
-    store = StateStore(settings.state_url)
-    uri = resolve_mongodb_uri(settings, announce)
-    client = connect(uri, raw=True)
-    return Runtime(settings, config, store, client, uri)
+    return Runtime(settings, config, StateStore(settings.state_url), announce)
 
 
 @dataclass
