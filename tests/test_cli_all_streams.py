@@ -211,6 +211,8 @@ def test_a_transform_or_tables_with_nothing_to_do_never_reaches_mongodb(
     mostly the process's start-up."""
     cli_environment(monkeypatch, tmp_path, "", "streams:\n  - name: orders\n    database: d\n")
     monkeypatch.delenv("MONGODB_URI")
+    # As the suite's other in-process runs: Connect mode would outlive the test in the process.
+    monkeypatch.setenv("TIDEMARK_SPARK_MASTER", "local[2]")
     assert main(["transform", "orders"]) == 0
     assert "nothing new" in capsys.readouterr().out
     assert main(["tables"]) == 0
