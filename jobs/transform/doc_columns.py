@@ -156,17 +156,29 @@ def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
 
 def field_columns(schema: StructType) -> StructType:
     """The document fields that become columns: not Tidemark's own names (`_tm_*`), and of
-    names that differ only in case (which Delta and most engines hold one column for), the
-    first; the others stay in `_tm_document`."""
-    taken: set[str] = set()
-    kept = []
-    for f in schema.fields:
-        folded = f.name.lower()
-        if folded.startswith("_tm_") or folded in taken:
-            continue
-        taken.add(folded)
-        kept.append(f)
-    return StructType(kept)
+    names that differ only in case (which Delta and most engines hold one column or field
+    for), the first, at every depth; the others stay in `_tm_document`."""
+    deduplicated = _first_of_case_twins(schema)
+    assert isinstance(deduplicated, StructType)
+    return StructType([f for f in deduplicated.fields if not f.name.lower().startswith("_tm_")])
+
+
+def _first_of_case_twins(dtype: DataType) -> DataType:
+    """`dtype` with, in each struct (inside arrays too), only the first of field names that
+    differ only in case: Delta refuses `{"s": {"A": 1, "a": 2}}` as two fields (a legal
+    document), and a run that keeps both fails again on every retry."""
+    if isinstance(dtype, StructType):
+        taken: set[str] = set()
+        kept = []
+        for f in dtype.fields:
+            if f.name.lower() in taken:
+                continue
+            taken.add(f.name.lower())
+            kept.append(StructField(f.name, _first_of_case_twins(f.dataType), True, f.metadata))
+        return StructType(kept)
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_first_of_case_twins(dtype.elementType), dtype.containsNull)
+    return dtype
 
 
 def expand(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:

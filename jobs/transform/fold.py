@@ -121,7 +121,11 @@ def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:
         return rows.withColumn("_tm_key", F.col("document_key"))
     id_only = F.col("document_key").rlike(ID_ONLY)
     plain = rows.where(id_only).withColumn("_tm_key", F.col("document_key"))
-    other = rows.where(~id_only).withColumn("_tm_key", id_key_udf(F.col("document_key")))
+    # Cast: over Spark Connect a UDF's string is `string collate UTF8_BINARY`, which delta-rs
+    # refuses in a table's schema (see change_log); the union below hides that only while
+    # its plain side comes first.
+    key = id_key_udf(F.col("document_key")).cast("string")
+    other = rows.where(~id_only).withColumn("_tm_key", key)
     return plain.unionByName(other)
 
 
