@@ -210,8 +210,13 @@ def log_new_events(
         raw = raw.dropDuplicates(["event_id"])
         if seen is not None:
             raw = raw.join(seen, "event_id", "left_anti")
+    large = large_events(batches)
+    if large:
+        # One task at a time: two tasks each turning a ~36 MB event into ~60 MB of JSON (and
+        # queueing the next events for Python) ran a 2 GB driver out of memory under load.
+        raw = raw.coalesce(1)
     # Held once: each collection's append, and the fold after them, read these rows.
-    events = held(change_log_rows(raw), large_events(batches))
+    events = held(change_log_rows(raw), large)
     found = events.select("db", "coll").distinct().collect()
     namespaces = sorted(((r.db, r.coll) for r in found), key=lambda n: (n[0] or "", n[1] or ""))
     for db, coll in namespaces:
