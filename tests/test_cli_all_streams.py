@@ -191,15 +191,7 @@ def test_the_cli_imports_no_transform_before_it_chooses_the_spark_mode():
     """The transform defines its UDFs for the Spark mode the process is in when it is imported
     (resources.spark.prepare_connect_mode): the CLI may import it only after choosing classic
     or Connect, or every Connect run fails with SESSION_OR_CONTEXT_NOT_EXISTS."""
-    probe = (
-        "import sys, tidemark.cli.commands; "
-        "print(sorted(m for m in sys.modules if m.startswith('jobs.transform')))"
-    )
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
-    )
-    assert done.stdout.strip() == "[]", done.stdout
+    assert _imported_by_the_cli(("jobs.transform",)) == []
 
 
 @pytest.mark.fast
@@ -219,13 +211,17 @@ def test_a_transform_or_tables_with_nothing_to_do_never_reaches_mongodb(
     captured = capsys.readouterr()
     assert "MONGODB_URI is not set" not in captured.err
     assert not (tmp_path / "home" / "mongod").exists()
+    assert _imported_by_the_cli(("jobs.capture", "jobs.ops")) == []
 
+
+def _imported_by_the_cli(prefixes: tuple[str, ...]) -> list[str]:
+    """The modules under `prefixes` that importing the CLI imports, in a fresh process."""
     probe = (
-        "import sys, tidemark.cli.commands; "
-        "print(sorted(m for m in sys.modules if m.startswith(('jobs.capture', 'jobs.ops'))))"
+        "import json, sys, tidemark.cli.commands; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({prefixes!r}))))"
     )
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip() == "[]", done.stdout
+    return json.loads(done.stdout)
