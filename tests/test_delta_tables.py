@@ -16,7 +16,7 @@ from jobs.curated_zone import name_of, segment
 from jobs.transform import read_changes, read_current, transform
 from state import StateStore, TransformState
 from tests.helpers.oracle import source_state
-from tidemark.errors import CuratedTableMissing
+from tidemark.errors import CuratedTableMissing, SchemaFrozen
 
 
 def delta_rs(path, sql: str) -> pa.Table:
@@ -85,6 +85,42 @@ def test_each_collection_has_its_own_tables_that_delta_rs_reads_as_find(
     changes = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "changes"]
     logged = {t.coll: t.rows for t in changes}
     assert logged["orders"] == 6 + 3 + 1 and logged["later"] == 1
+
+
+def test_a_frozen_schema_fails_the_run_on_drift_and_evolve_then_folds_it(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """`schema: freeze`: a new field or a type change fails the run, naming the columns,
+    before `current` or the state store changes; the same events fold once the stream is
+    set to `evolve`. A first load and changes that keep the schema go through."""
+    stream = make_stream(schema="freeze")
+    drain(stream, raw_client, sqlite_store, lake)
+    coll = client[db_name]["orders"]
+    coll.insert_many([{"_id": i, "n": i} for i in range(3)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)  # the first load sets the schema
+    coll.update_one({"_id": 0}, {"$set": {"n": 10}})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)  # no drift
+    (path,) = current_tables(sqlite_store, lake, stream.name).values()
+    before, version = delta_rs_current(path), TransformState(sqlite_store).latest(stream.name)
+
+    coll.update_one({"_id": 1}, {"$set": {"n": "one", "extra": True}})
+    drain(stream, raw_client, sqlite_store, lake)
+    for _ in range(2):  # each try fails the same way, nothing committed
+        with pytest.raises(SchemaFrozen) as failed:
+            transform(spark, sqlite_store, lake, stream)
+        assert "added: extra" in str(failed.value) and "n: bigint -> string" in str(failed.value)
+        assert "Set `schema: evolve`" in str(failed.value)
+        assert delta_rs_current(path) == before
+        assert TransformState(sqlite_store).latest(stream.name) == version
+
+    result = transform(spark, sqlite_store, lake, make_stream(schema="evolve"))
+    assert result.schema == {
+        "added": [f"{db_name}.orders.extra"],
+        "widened": [f"{db_name}.orders.n: bigint -> string"],
+    }
+    assert delta_rs_current(path) == source_state(raw_client, db_name, "orders")
 
 
 def test_engines_read_every_collection_right_after_a_nested_type_change(

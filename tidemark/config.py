@@ -103,7 +103,8 @@ class Compaction(BaseModel):
 class StreamConfig(BaseModel):
     """One change stream: what it watches, how, and how much one run may drain."""
 
-    model_config = ConfigDict(extra="forbid")
+    # `schema` in the file, `schema_policy` in code (pydantic's own `schema` is taken).
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True)
 
     name: Annotated[str, Field(pattern=SLUG_PATTERN)]
     database: Annotated[str, Field(min_length=1)] | None = None
@@ -132,6 +133,10 @@ class StreamConfig(BaseModel):
     # its own): chunks of large documents would otherwise run out of memory on every retry.
     snapshot_chunk_bytes: Annotated[int, Field(gt=0)] = 64 << 20
     current_table: bool = True  # fold into the versioned current-state table
+    # What a run does with a document field its collection's `current` lacks, or a field whose
+    # type changes: `evolve` adds the column or widens it (the README's rule), `freeze` fails
+    # the run before `current` changes, naming the fields (the key is `schema` in the file).
+    schema_policy: Literal["evolve", "freeze"] = Field("evolve", alias="schema")
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
     compaction: Compaction = Field(default_factory=Compaction)
     schedule: str = "*/5 * * * *"  # cron of the Dagster schedule

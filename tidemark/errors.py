@@ -140,3 +140,7 @@ class CurrentTableBehind(TidemarkError):
 
 class CuratedTableMissing(TidemarkError):
     """A curated table (or a version of it) asked for is not there."""
+
+
+class SchemaFrozen(TidemarkError):
+    """A stream with `schema: freeze` met a field its table lacks or a type it does not hold."""

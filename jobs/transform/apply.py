@@ -54,6 +54,7 @@ from jobs.transform.fold import (
     newest_per_key,
     not_cleared,
 )
+from tidemark.errors import SchemaFrozen
 
 CURRENT_META = ["_tm_key", "_tm_document", "_tm_event_id", "_tm_cluster_time"]
 REMOVED_DDL = (
@@ -87,8 +88,10 @@ class Fold:
         known: list[Namespace],
         facts: EventFacts,
         run_namespaces: list[Namespace],
+        frozen: bool = False,
     ) -> None:
         self.writer = writer
+        self.frozen = frozen  # `schema: freeze`: drift fails the run (`_schema_for`)
         self.run_namespaces = sorted(run_namespaces)  # the collections the run's events name
         self.spark = writer.spark
         self.watched = watched
@@ -238,6 +241,16 @@ class Fold:
         merged = field_columns(merge_schemas(old, incoming))
         key = f"{ns[0]}.{ns[1]}"
         changes = schema_changes(old, merged)
+        if self.frozen and old.fields and (changes["added"] or changes["widened"]):
+            raise SchemaFrozen(
+                f"Collection {key}'s documents changed its `current` table's schema (columns "
+                f"added: {', '.join(changes['added']) or 'none'}; changed: "
+                f"{'; '.join(changes['widened']) or 'none'}), and its stream has "
+                "`schema: freeze`. This run committed nothing to `current` or the state store, "
+                "and the stream's transforms stop at these events: each tries them again.",
+                "Set `schema: evolve` on the stream to take the change (columns are added or "
+                "widened by the README's rule); the next transform then folds them.",
+            )
         if changes["added"] or changes["widened"]:
             report = self.result.schema.setdefault(key, {"added": [], "widened": []})
             report["added"] += [c for c in changes["added"] if c not in report["added"]]

@@ -249,7 +249,8 @@ def _fold(
     )
     watched = Watched(stream.database, stream.collection)
     collections = [(db, coll) for db, coll in new.namespaces if db is not None and coll is not None]
-    return Fold(writer, watched, known, facts, collections).run(new.frame, repeat)
+    frozen = stream.schema_policy == "freeze"
+    return Fold(writer, watched, known, facts, collections, frozen).run(new.frame, repeat)
 
 
 def _table_records(
