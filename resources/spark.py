@@ -154,7 +154,7 @@ def jvm_settings(config: SparkConfig) -> dict[str, str]:
 
 # Parquet writer settings for events of tens of MB (a 12 MB document with its pre- and
 # post-image). They are Hadoop settings, read by the writer from the JVM's Hadoop
-# configuration: a Connect client cannot set them per session.
+# configuration: set on a Connect session as `spark.hadoop.*`, they did not reach the writer.
 # - Parquet checks a row group's and a page's buffered size only every 100 rows at first, so
 #   it buffered all of a run's large rows before its first flush; 1 makes it check after the
 #   first row, and its adaptive estimate spaces the checks out again for small rows;

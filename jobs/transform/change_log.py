@@ -189,9 +189,12 @@ def log_new_events(
     writer: RunWriter,
     tstate: TransformState,
     batches: list[BatchRecord],
+    large: bool = False,
 ) -> NewEvents | None:
     """Append the batches' events that the change log lacks to their collections' `changes`
-    tables; None when there are none (then nothing is written). Spark jobs: the event-id
+    tables; None when there are none (then nothing is written). `large`: the batches' events
+    are large (`large_events`), so their rows are made one task at a time and held on disk.
+    Spark jobs: the event-id
     range of the batches when the manifest lacks it, the census of event ids (`_census`), the
     rows held once, their namespaces, one append per collection."""
     if not batches:
@@ -210,7 +213,6 @@ def log_new_events(
         raw = raw.dropDuplicates(["event_id"])
         if seen is not None:
             raw = raw.join(seen, "event_id", "left_anti")
-    large = large_events(batches)
     if large:
         # One task at a time: two tasks each turning a ~36 MB event into ~60 MB of JSON (and
         # queueing the next events for Python) ran a 2 GB driver out of memory under load.

@@ -183,15 +183,16 @@ def _transform(
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
         recorded = {lake_root / t.path: t.delta_version for t in tstate.tables(stream.name)}
         writer = RunWriter(session, lake_root, stream.name, number, recorded)
-        with sized_for(session, large_events(batches)):
-            new = log_new_events(writer, tstate, batches)
+        large = large_events(batches)
+        with sized_for(session, large):
+            new = log_new_events(writer, tstate, batches, large)
             phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
             added = new.count if new is not None else 0
             store.renew_lease(lease, TRANSFORM_LEASE_TTL)  # between phases: LeaseLost if lost
             meter.enter("current", done=meter.total)
             folded = Folded()
             if stream.current_table and new is not None:
-                folded = _fold(writer, tstate, stream, new, batches, repeat)
+                folded = _fold(writer, tstate, stream, new, batches, repeat, large)
         tables = _table_records(writer, tstate, stream.name, folded, new)
         phases["current"], mark = time.monotonic() - mark, time.monotonic()
         store.renew_lease(lease, TRANSFORM_LEASE_TTL)
@@ -238,6 +239,7 @@ def _fold(
     new: NewEvents,
     batches: list[BatchRecord],
     repeat: bool,
+    large: bool,
 ) -> Folded:
     known = [(t.db, t.coll) for t in tstate.tables(stream.name) if t.kind == "current"]
     facts = EventFacts(
@@ -245,7 +247,7 @@ def _fold(
         namespace_events=may_hold(batches, NAMESPACE_OPERATIONS),
         other_keys=new.other_keys,
         deletes=may_hold(batches, ["delete"]),
-        large=large_events(batches),
+        large=large,
     )
     watched = Watched(stream.database, stream.collection)
     collections = [(db, coll) for db, coll in new.namespaces if db is not None and coll is not None]
