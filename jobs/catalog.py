@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from jobs.curated_zone import DATABASE_EVENTS, curated
 from state import CuratedTable, StateStore, TransformState
+from tidemark.object_path import LakePath
 
 TableName = Literal["current", "changes"]
 
@@ -69,7 +69,7 @@ class TableState:
     version: int  # the Delta version (a summary: the newest run's number)
     rows: int
     committed_at: datetime
-    location: Path
+    location: LakePath
     columns: list[Column] = field(default_factory=list)
     db: str | None = None
     coll: str | None = None
@@ -83,7 +83,7 @@ class TableState:
         return f"{self.db}.{self.coll or DATABASE_EVENTS}"
 
 
-def tables(store: StateStore, lake_root: Path, stream: str, **_: Any) -> list[TableState]:
+def tables(store: StateStore, lake_root: LakePath, stream: str, **_: Any) -> list[TableState]:
     """Every collection table of the stream: its `changes`, then its `current`."""
     tstate = TransformState(store)
     when = {r.version: r.created_at for r in tstate.runs(stream)}
@@ -93,7 +93,7 @@ def tables(store: StateStore, lake_root: Path, stream: str, **_: Any) -> list[Ta
 
 
 def stream_table(
-    store: StateStore, lake_root: Path, stream: str, table: TableName
+    store: StateStore, lake_root: LakePath, stream: str, table: TableName
 ) -> TableState | None:
     """The stream's `table` over all its collections: rows summed, the columns and Delta path
     of its one collection (or, when there are several, the shared columns with `_tm_db` and
@@ -121,7 +121,7 @@ def _shared_columns(parts: list[TableState]) -> list[Column]:
     return namespace + [Column(*c) for c in meta]
 
 
-def _state(lake_root: Path, table: CuratedTable, committed_at: datetime) -> TableState:
+def _state(lake_root: LakePath, table: CuratedTable, committed_at: datetime) -> TableState:
     if table.kind == "current":
         columns = [Column(*c) for c in CURRENT_COLUMNS] + document_columns(table.doc_schema)
     else:

@@ -19,8 +19,9 @@ keeps a deleted document from coming back when an older event arrives late; read
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import quote, unquote
+
+from tidemark.object_path import LakePath
 
 # The change log's rows carry the full document's plain JSON while a run folds them (`current`
 # parses its typed columns from it); it is not a column of any table.
@@ -31,7 +32,7 @@ STATE_DIR = "_tidemark.state"
 REMOVED = "removed"
 
 
-def curated(lake_root: Path, stream: str) -> Path:
+def curated(lake_root: LakePath, stream: str) -> LakePath:
     return lake_root / "curated" / stream
 
 
@@ -45,7 +46,7 @@ def name_of(segment_text: str) -> str:
     return unquote(segment_text)
 
 
-def collection_dir(lake_root: Path, stream: str, db: str | None, coll: str | None) -> Path:
+def collection_dir(lake_root: LakePath, stream: str, db: str | None, coll: str | None) -> LakePath:
     """A collection's directory (`coll` None: the database's own events; `db` None too: the
     stream's own)."""
     if db is None:
@@ -54,13 +55,13 @@ def collection_dir(lake_root: Path, stream: str, db: str | None, coll: str | Non
     return curated(lake_root, stream) / segment(db) / leaf
 
 
-def current_dir(lake_root: Path, stream: str, db: str, coll: str) -> Path:
+def current_dir(lake_root: LakePath, stream: str, db: str, coll: str) -> LakePath:
     return collection_dir(lake_root, stream, db, coll) / "current"
 
 
-def changes_dir(lake_root: Path, stream: str, db: str | None, coll: str | None) -> Path:
+def changes_dir(lake_root: LakePath, stream: str, db: str | None, coll: str | None) -> LakePath:
     return collection_dir(lake_root, stream, db, coll) / "changes"
 
 
-def removed_dir(lake_root: Path, stream: str) -> Path:
+def removed_dir(lake_root: LakePath, stream: str) -> LakePath:
     return curated(lake_root, stream) / STATE_DIR / REMOVED

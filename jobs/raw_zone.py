@@ -10,7 +10,6 @@ renders them (`document_json`) in parallel and off the capture path.
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Final, Literal
 
 import bsonjs
@@ -19,6 +18,7 @@ import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
 
 from jobs.bson_buffer import DOCUMENT, NULL, BsonBuffer
+from tidemark.object_path import LakePath, list_files
 
 # Operation types a snapshot writes into the raw zone beside the server's own: a copied document
 # (`snapshot`, folded like an insert) and the barrier that opens a snapshot of a namespace
@@ -52,22 +52,19 @@ RAW_SCHEMA = pa.schema(
 RAW = "raw"
 
 
-def raw_partition(lake_root: Path, stream: str, moment: datetime) -> Path:
+def raw_partition(lake_root: LakePath, stream: str, moment: datetime) -> LakePath:
     """`<lake>/raw/<stream>/date=YYYY-MM-DD/hour=HH`: stream names are validated slugs."""
     return lake_root / RAW / stream / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
 
 
-def stream_root(lake_root: Path, stream: str) -> Path:
+def stream_root(lake_root: LakePath, stream: str) -> LakePath:
     """`<lake>/raw/<stream>`: the stream's raw zone."""
     return lake_root / RAW / stream
 
 
-def stream_files(lake_root: Path, stream: str) -> list[Path]:
-    """Every file in a stream's raw zone, temporaries included."""
-    base = stream_root(lake_root, stream)
-    if not base.exists():
-        return []
-    return sorted(p for p in base.rglob("*") if p.is_file())
+def stream_files(lake_root: LakePath, stream: str) -> list[tuple[LakePath, float]]:
+    """Every file in a stream's raw zone, temporaries included, with its modification time."""
+    return list_files(stream_root(lake_root, stream))
 
 
 def document_key_json(value: Any) -> str | None:

@@ -13,7 +13,6 @@ that the loaded definitions do not (a reload of the code location gives them the
 
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 import dagster as dg
 from pymongo import MongoClient
@@ -26,6 +25,7 @@ from orchestration.resources import StateStoreResource
 from state import StateStore
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
+from tidemark.object_path import LakePath
 
 ROW_COUNT = "row_count_matches_source"
 FRESHNESS = "freshness"
@@ -55,7 +55,7 @@ def table_check_results(
     selected: Sequence[dg.AssetCheckKey],
     stream: StreamConfig,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     mongo: Callable[[], MongoClient],
 ) -> Iterator[dg.AssetCheckResult]:
     """The `selected` checks' results, as the tables are now. MongoDB is reached (`mongo`) only

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -14,6 +13,7 @@ from jobs.catalog import SchemaDrift, TableState
 from jobs.ops import StreamStatus
 from jobs.transform import CompactionResult, DeltaDebt, TransformResult
 from tidemark.errors import TidemarkError
+from tidemark.object_path import LakePath
 from tidemark.tokens import ts_to_datetime
 
 COMMON_OPERATIONS = ("insert", "update", "replace", "delete")
@@ -60,7 +60,7 @@ def table_metadata(table: TableState) -> dict[str, Any]:
 
 
 def drain_metadata(
-    result: DrainResult, status: StreamStatus | None, location: Path | None = None
+    result: DrainResult, status: StreamStatus | None, location: LakePath | None = None
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "events": result.events,
@@ -125,7 +125,7 @@ def schema_changes_md(drift: SchemaDrift) -> dg.MetadataValue:
 
 
 def curated_metadata(
-    result: TransformResult, summary: TableState | None, location: Path
+    result: TransformResult, summary: TableState | None, location: LakePath
 ) -> dict[str, Any]:
     """The stream's fold: what the run did, and each collection's `current` as it is now (a
     run that added nothing still reports them)."""

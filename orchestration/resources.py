@@ -10,7 +10,6 @@ point (`dagster dev`, `dagster job execute`, `dagster asset materialize`) needs 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -21,6 +20,7 @@ from resources.embedded_mongo import ensure_embedded
 from resources.mongo import connect
 from resources.spark import REMOTE_ENV, SparkConfig, spark_session, stop_if_created
 from state import StateStore
+from tidemark.object_path import LakePath
 from tidemark.settings import Settings, lake_path
 
 _FROM_ENV = "unset: read from {} when a run starts ({})"
@@ -90,14 +90,14 @@ class StateStoreResource(dg.ConfigurableResource):
 
 
 class LakeResource(dg.ConfigurableResource):
-    """The lake root directory (raw and curated zones)."""
+    """The lake root (raw and curated zones): a local directory or an object store's URL."""
 
     root: str | None = Field(
         default=None, description=_FROM_ENV.format("TIDEMARK_LAKE", "default: $TIDEMARK_HOME/lake")
     )
 
     @property
-    def path(self) -> Path:
+    def path(self) -> LakePath:
         if self.root:
             return lake_path(self.root)
         return run_time_settings().lake_root

@@ -12,7 +12,6 @@ location reloads (the `collections_listed` check says when one is due).
 
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -32,6 +31,7 @@ from orchestration.resources import (
 )
 from state import StateStore
 from tidemark.config import StreamConfig
+from tidemark.object_path import LakePath
 
 
 def on_new_raw_batches() -> dg.AutomationCondition:
@@ -177,7 +177,7 @@ def _fold(
     context: dg.AssetExecutionContext,
     stream: StreamConfig,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     spark: SparkResource,
 ) -> Iterator[dg.MaterializeResult]:
     k = keys(stream)
@@ -197,7 +197,7 @@ def _fold(
 
 
 def _changed_tables(
-    store: StateStore, lake_root: Path, stream: StreamConfig, result: TransformResult
+    store: StateStore, lake_root: LakePath, stream: StreamConfig, result: TransformResult
 ) -> list[tuple[dg.AssetKey, dict[str, Any]]]:
     """Each table the run changed, as its asset key and its metadata as it is now."""
     changed = {(t.db, t.coll, t.kind) for t in result.tables}

@@ -1,7 +1,9 @@
-"""Fetch Delta Lake's jars into the venv once, at `make install`: tests and runs never download.
+"""Fetch Delta Lake's and s3a's jars into the venv once, at `make install`: tests and runs never
+download.
 
 Maven resolves `scripts/delta-jars/pom.xml` (delta-spark and delta-storage at the version
-resources/delta.py names, for the installed pyspark's Spark) with its runtime dependencies;
+resources/delta.py names, for the installed pyspark's Spark; hadoop-aws at the wheel's Hadoop
+and the AWS SDK modules it uses) with their runtime dependencies;
 every jar that repeats a class the pyspark wheel's own jars already hold (Scala, Hadoop,
 Jackson, Parquet, logging, ...) is dropped, so the driver's classpath has one copy of each.
 The directory is renamed into place last: it exists whole or not at all.
@@ -21,7 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from resources.delta import DELTA_VERSION, jars_dir, spark_binary  # noqa: E402
+from resources.delta import (  # noqa: E402
+    AWS_SDK_VERSION,
+    DELTA_VERSION,
+    hadoop_version,
+    jars_dir,
+    spark_binary,
+)
 
 POM = ROOT / "scripts" / "delta-jars" / "pom.xml"
 
@@ -50,7 +58,7 @@ def spark_classes() -> set[str]:
 def main() -> int:
     target = jars_dir()
     if target.is_dir() and any(target.glob("delta-spark_*.jar")):
-        print(f"Delta Lake {DELTA_VERSION} jars: already in {target}")
+        print(f"Delta Lake {DELTA_VERSION} and s3a jars: already in {target}")
         return 0
     if shutil.which("mvn") is None:
         print(
@@ -67,6 +75,7 @@ def main() -> int:
         command = [
             "mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
             f"-Ddelta.version={DELTA_VERSION}", f"-Dspark.binary={spark_binary()}",
+            f"-Dhadoop.version={hadoop_version()}", f"-Dawssdk.version={AWS_SDK_VERSION}",
             "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)
@@ -86,16 +95,17 @@ def main() -> int:
                 jar.unlink()  # the wheel's copy wins: one copy of each class
             else:
                 kept.append(jar)
-        if not any(jar.name.startswith("delta-spark_") for jar in kept):
-            print(f"Maven fetched no delta-spark jar into {staging}.", file=sys.stderr)
-            return 1
+        for needed in ("delta-spark_", "hadoop-aws-"):
+            if not any(jar.name.startswith(needed) for jar in kept):
+                print(f"Maven fetched no {needed}* jar into {staging}.", file=sys.stderr)
+                return 1
         for old in target.parent.glob("delta-*"):
             shutil.rmtree(old, ignore_errors=True)  # an earlier pin's jars
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     size = sum(jar.stat().st_size for jar in target.glob("*.jar"))
-    print(f"Delta Lake {DELTA_VERSION} jars: {len(kept)} ({size / 1e6:.1f} MB) in {target}")
+    print(f"Delta Lake {DELTA_VERSION} and s3a jars: {len(kept)} ({size / 1e6:.1f} MB) in {target}")
     return 0
 
 

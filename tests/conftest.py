@@ -26,8 +26,10 @@ from state import StateStore
 from state.engine import normalize_url
 from tests.helpers.credentials import SECRET
 from tests.helpers.postgres_server import PostgresUnavailable, start_postgres, stop_postgres
+from tests.helpers.s3_server import BUCKET, TEST_CREDENTIALS, S3Server, start_s3, stop_s3
 from tidemark.config import StreamConfig
 from tidemark.errors import EmbeddedMongoError
+from tidemark.object_path import LakePath, ObjectPath
 
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
 # CI sets it: a second server that cannot run fails instead of skipping.
@@ -37,6 +39,12 @@ MATRIX_ENV = "TIDEMARK_REQUIRE_MONGOD_MATRIX"
 # server of its own): a TIDEMARK_SPARK_REMOTE in the developer's shell would switch every
 # process that imports `orchestration` to Spark Connect mode.
 os.environ.pop("TIDEMARK_SPARK_REMOTE", None)
+# The test S3 server's key pair, in the environment before any process starts (the Spark JVMs
+# and Connect servers the suite starts inherit it, as a deployment's would): no test can reach
+# a real AWS account with a developer's own keys.
+os.environ.update(TEST_CREDENTIALS)
+for _name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+    os.environ.pop(_name, None)
 
 # What the fast tier (`-m fast`, `make test-fast`) must never start: a mongod or a Spark session.
 SERVER_FIXTURES = frozenset({"mongod", "client", "raw_client", "auth_mongod", "spark"})
@@ -111,8 +119,29 @@ def db_name(client: MongoClient) -> Iterator[str]:
     client.drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 server of the session's own (SeaweedFS on loopback, tests/helpers/s3_server.py),
+    named by AWS_ENDPOINT_URL for the rest of the session. Never skipped: `weed` comes with the
+    dev dependencies."""
+    server = start_s3()
+    os.environ["AWS_ENDPOINT_URL"] = server.endpoint
+    yield server
+    stop_s3(server)
+
+
 @pytest.fixture
-def lake(tmp_path: Path) -> Path:
+def s3_lake(s3_server: S3Server) -> LakePath:
+    """A lake of the test's own on the S3 server: a fresh prefix of its bucket."""
+    return ObjectPath("s3", BUCKET, f"t-{uuid.uuid4().hex[:10]}/lake")
+
+
+@pytest.fixture
+def lake(request: pytest.FixtureRequest, tmp_path: Path) -> LakePath:
+    """The test's lake: a local directory, or on the S3 server where a test parametrizes it
+    (`@pytest.mark.parametrize("lake", ["local", "s3"], indirect=True)`)."""
+    if getattr(request, "param", "local") == "s3":
+        return request.getfixturevalue("s3_lake")
     return tmp_path / "lake"
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from resources.delta import (
+    AWS_SDK_VERSION,
     CATALOG,
     DELTA_VERSION,
     SQL_EXTENSION,
@@ -89,9 +90,14 @@ def test_sessions_load_the_venvs_jars_and_download_only_without_them(tmp_path: P
     bare = delta_jvm_settings(prefix=tmp_path)  # a Python without `make install`'s jars
     assert "spark.jars" not in bare
     assert bare["spark.jars.packages"] == ",".join(coordinates())
+    assert bare["spark.jars.excludes"] == "software.amazon.awssdk:bundle"  # 686 MB
     assert coordinates() == [
         f"io.delta:delta-spark_4.2_2.13:{DELTA_VERSION}",
         f"io.delta:delta-storage:{DELTA_VERSION}",
+        "org.apache.hadoop:hadoop-aws:3.5.0",  # the wheel's own Hadoop
+        f"software.amazon.awssdk:s3:{AWS_SDK_VERSION}",
+        f"software.amazon.awssdk:s3-transfer-manager:{AWS_SDK_VERSION}",
+        f"software.amazon.awssdk:sts:{AWS_SDK_VERSION}",
     ]
 
 
@@ -99,9 +105,12 @@ def test_sessions_load_the_venvs_jars_and_download_only_without_them(tmp_path: P
 def test_the_venvs_delta_jars_repeat_no_class_the_pyspark_wheel_ships() -> None:
     jars = installed_jars()
     names = {jar.name for jar in jars}
-    assert {f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar"} <= (
-        names
-    ), f"run make install ({names})"
+    assert {
+        f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar",
+        f"delta-storage-{DELTA_VERSION}.jar",
+        "hadoop-aws-3.5.0.jar",
+        f"s3-{AWS_SDK_VERSION}.jar",
+    } <= names, f"run make install ({names})"
     fetch = _fetch_script()
     provided = fetch.spark_classes()
     repeated = {jar.name: sorted(fetch.classes(jar) & provided)[:3] for jar in jars}

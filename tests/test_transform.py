@@ -31,7 +31,9 @@ from tidemark.errors import StreamInvalidated, TidemarkError
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [11, 23, 37])
+@pytest.mark.parametrize(
+    ("seed", "lake"), [(11, "local"), (23, "local"), (37, "local"), (41, "s3")], indirect=["lake"]
+)
 def test_oracle_current_equals_source_after_every_increment(
     seed, spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):

@@ -107,8 +107,8 @@ class SourceChanged(TidemarkError):
     """MONGODB_URI reaches another deployment than the one the stream's checkpoint came from."""
 
 
-class LakeNotLocal(LakeError):
-    """TIDEMARK_LAKE is a URL (s3://, gs://, ...): only a local path is supported yet."""
+class LakeUrlUnsupported(LakeError):
+    """TIDEMARK_LAKE is a URL of a kind Tidemark cannot write (hdfs://, another host's file://)."""
 
 
 # --- issue 23 (CLI and Spark failures): Spark's own failures, translated at the transform ---

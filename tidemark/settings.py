@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from tidemark.errors import LakeNotLocal
+from tidemark.errors import LakeUrlUnsupported
+from tidemark.object_path import SCHEMES, LakePath, ObjectPath
 
 # scheme://... as in RFC 3986; a Windows drive (C:\\lake) has no "//" after its colon.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -56,25 +57,31 @@ def home_notice(home: Path) -> str | None:
     )
 
 
-def lake_path(raw: str) -> Path:
-    """The lake root `raw` names, as an absolute local path; the one place every entry point
-    (the CLI, the Dagster resources) turns TIDEMARK_LAKE into a path.
+def lake_path(raw: str) -> LakePath:
+    """The lake root `raw` names: an absolute local path, or an object store's URL; the one
+    place every entry point (the CLI, the Dagster resources) reads TIDEMARK_LAKE.
 
-    `file:///abs/path` is that local path. Any other URL is refused: a Path would take
-    `s3://bucket/lake` for the relative directory `s3:/bucket/lake` and write the lake there.
+    `file:///abs/path` is that local path; `s3://bucket/prefix` (also `s3a://`), `gs://` and
+    `abfss://` are object storage. Any other URL is refused: a Path would take
+    `hdfs://nn/lake` for the relative directory `hdfs:/nn/lake` and write the lake there.
 
     Raises:
-        LakeNotLocal: `raw` is a URL other than a local file URL.
+        LakeUrlUnsupported: `raw` is a URL of another kind, or an object URL with no bucket.
     """
     if _URL.match(raw):
         parts = urlsplit(raw)
-        if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
-            raise LakeNotLocal(
-                f"TIDEMARK_LAKE is {raw!r}, a URL: the lake must be a local path for now "
-                "(object storage such as S3, GCS or ADLS is not supported yet), and "
-                "Tidemark writes nothing rather than take it for a directory name.",
+        scheme = parts.scheme.lower()
+        if scheme in SCHEMES and parts.netloc:
+            return ObjectPath.from_url(raw)
+        if scheme != "file" or parts.netloc not in ("", "localhost"):
+            raise LakeUrlUnsupported(
+                f"TIDEMARK_LAKE is {raw!r}, a URL Tidemark cannot write: the lake is a local "
+                "path or object storage (s3://bucket/prefix, gs://bucket/prefix, "
+                "abfss://container@account.dfs.core.windows.net/prefix), and Tidemark "
+                "writes nothing rather than take it for a directory name.",
                 "Set TIDEMARK_LAKE to a local directory (a mounted network file system "
-                "works), e.g. /data/tidemark/lake, or leave it unset for $TIDEMARK_HOME/lake.",
+                "works) or to an object store's URL with its bucket, or leave it unset for "
+                "$TIDEMARK_HOME/lake.",
             )
         raw = unquote(parts.path)
     return Path(raw).expanduser().resolve()
@@ -87,7 +94,7 @@ class Settings:
     home: Path
     config_path: Path
     state_url: str
-    lake_root: Path
+    lake_root: LakePath
     mongodb_uri: str | None
     spark_master: str | None  # a Spark master: each process starts its own driver JVM
     spark_remote: str | None  # a Spark Connect server (sc://host:port): no JVM here

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from bson import Timestamp
@@ -45,6 +44,7 @@ from state import (
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.errors import HistoryLost, SnapshotOutrun, StateStoreError, StreamInvalidated
+from tidemark.object_path import LakePath
 from tidemark.tokens import (
     SourceIdentity,
     datetime_to_ts,
@@ -90,7 +90,7 @@ def drain(
     stream: StreamConfig,
     client: MongoClient,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     *,
     before_commit: Callable[[list[FileEntry]], None] | None = None,
     flush_rows: int = FLUSH_ROWS,
@@ -186,7 +186,7 @@ def _outrun(stream: StreamConfig, lost: HistoryLost) -> SnapshotOutrun:
 
 
 def drain_until_caught_up(
-    stream: StreamConfig, client: MongoClient, store: StateStore, lake_root: Path
+    stream: StreamConfig, client: MongoClient, store: StateStore, lake_root: LakePath
 ) -> int:
     """Run drains (each bounded by its budget, or a snapshot's chunks) until one is caught up;
     returns the events committed."""
@@ -202,7 +202,7 @@ def _snapshot_phase(
     stream: StreamConfig,
     client: MongoClient,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     lease: Lease,
     resnapshot: bool,
     after_chunk: Callable[[SnapshotRecord], None] | None,
@@ -274,7 +274,7 @@ def _incremental(
     stream: StreamConfig,
     client: MongoClient,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     lease: Lease,
     started_at: datetime,
     clock: float,

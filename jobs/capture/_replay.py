@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from bson import Timestamp
 from pymongo import MongoClient
@@ -29,6 +28,7 @@ from state import FileEntry, StateStore, new_batch_id
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import HistoryLost, TidemarkError
+from tidemark.object_path import LakePath
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
 
 
@@ -63,7 +63,7 @@ def replay(
     stream: StreamConfig,
     client: MongoClient,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     start: datetime,
     end: datetime,
     *,

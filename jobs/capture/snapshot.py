@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import bson
@@ -53,6 +52,7 @@ from resources.mongo import RAW_CODEC, cluster_time
 from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
+from tidemark.object_path import LakePath
 from tidemark.tokens import SourceIdentity, next_tick, pack_ts, unpack_ts
 
 
@@ -376,7 +376,7 @@ def copy_chunks(
     stream: StreamConfig,
     client: MongoClient,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     lease: Lease,
     snapshot: SnapshotRecord,
     after_chunk: Callable[[SnapshotRecord], None] | None = None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +22,7 @@ from jobs.capture._events import events_table
 from jobs.lake import relative, write_parquet_atomic
 from jobs.raw_zone import raw_partition
 from state import FileEntry
+from tidemark.object_path import LakePath
 
 # A chunk bounds memory (its replies' buffers and their Arrow form) and sizes the files.
 FLUSH_ROWS = 10_000
@@ -32,7 +32,7 @@ ChunkResult = tuple[list[tuple[str, int, int]], dict[str, int]]
 
 
 def write_chunk(
-    tables: list[pa.Table], root: Path, stream: str, batch_id: str, chunk: int
+    tables: list[pa.Table], root: LakePath, stream: str, batch_id: str, chunk: int
 ) -> ChunkResult:
     """One chunk of converted events -> one Parquet file per hour of cluster time."""
     table = pa.concat_tables(tables)
@@ -54,7 +54,7 @@ class RawBatchWriter:
 
     def __init__(
         self,
-        lake_root: Path,
+        lake_root: LakePath,
         stream: str,
         batch_id: str,
         flush_rows: int = FLUSH_ROWS,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jobs.capture.capture_pass import writer_leases
@@ -28,6 +27,7 @@ from jobs.raw_zone import RAW
 from state import Lease, StateStore, TransformState
 from state.leases import CAPTURE_LEASE_TTL, TRANSFORM_LEASE_TTL
 from tidemark.errors import LeaseHeld, StateStoreError
+from tidemark.object_path import LakePath
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,13 @@ class StreamSweep:
     curated: list[str] | None = None  # files VACUUM deleted (None: not vacuumed)
 
 
-def lake_streams(lake_root: Path) -> list[str]:
+def lake_streams(lake_root: LakePath) -> list[str]:
     base = lake_root / RAW
     return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
 
 
 def collect_garbage(
-    lake_root: Path,
+    lake_root: LakePath,
     store: StateStore,
     min_age_seconds: float = 60.0,
     spark: Callable[[], Any] | None = None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient
@@ -16,19 +15,20 @@ from resources.mongo import source_identity
 from state import StateStore
 from tidemark.config import StreamConfig
 from tidemark.errors import SourceChanged
+from tidemark.object_path import LakePath
 from tidemark.tokens import SourceIdentity
 
 
 def uncommitted_files(
-    lake_root: Path, store: StateStore, stream: str, min_age_seconds: float = 300.0
+    lake_root: LakePath, store: StateStore, stream: str, min_age_seconds: float = 300.0
 ) -> list[str]:
     """Raw files no committed batch lists, older than a run would leave them in flight."""
     committed = store.committed_paths(stream)
     now = time.time()
     return [
         relative(lake_root, p)
-        for p in stream_files(lake_root, stream)
-        if relative(lake_root, p) not in committed and now - p.stat().st_mtime >= min_age_seconds
+        for p, mtime in stream_files(lake_root, stream)
+        if relative(lake_root, p) not in committed and now - mtime >= min_age_seconds
     ]
 
 

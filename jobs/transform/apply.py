@@ -21,7 +21,6 @@ column, and the collection's table is rewritten from its documents in that schem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -55,6 +54,7 @@ from jobs.transform.fold import (
     not_cleared,
 )
 from tidemark.errors import SchemaFrozen
+from tidemark.object_path import LakePath
 
 CURRENT_META = ["_tm_key", "_tm_document", "_tm_event_id", "_tm_cluster_time"]
 REMOVED_DDL = (
@@ -103,10 +103,10 @@ class Fold:
 
     # -- paths and what is on disk -------------------------------------------------------
 
-    def _current(self, ns: Namespace) -> Path:
+    def _current(self, ns: Namespace) -> LakePath:
         return current_dir(self.writer.lake_root, self.writer.stream, *ns)
 
-    def _removed(self) -> Path:
+    def _removed(self) -> LakePath:
         return removed_dir(self.writer.lake_root, self.writer.stream)
 
     def _reach(self, ns: Namespace) -> None:

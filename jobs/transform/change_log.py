@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -27,6 +26,7 @@ from jobs.transform.delta_io import CHANGES_PROPERTIES, RunWriter
 from jobs.transform.doc_columns import documents_udf
 from jobs.transform.fold import ID_ONLY
 from state import BatchRecord, TransformState
+from tidemark.object_path import LakePath
 
 CHANGES_COLUMNS = [
     "event_id", "operation_type", "db", "coll", "cluster_time", "cluster_time_inc", "wall_time",
@@ -96,7 +96,7 @@ class NewEvents:
 
 
 def _raw_events(
-    spark: SparkSession, lake_root: Path, stream: str, batches: list[BatchRecord]
+    spark: SparkSession, lake_root: LakePath, stream: str, batches: list[BatchRecord]
 ) -> DataFrame:
     paths = [str(lake_root / f.path) for b in batches for f in b.files]
     # Each batch's source as a literal map: no DataFrame to broadcast, so no Spark job (and

@@ -16,14 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from jobs.curated_zone import curated
 from jobs.lake import relative
 from jobs.transform.delta_io import table_ref, table_version
+from resources.spark_lake import use_lake
 from state import CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
+from tidemark.object_path import LakePath
 
 COMPACTION = "optimize"  # the run kind a compaction records
 
@@ -76,7 +77,7 @@ def needs_compaction(store: StateStore, stream: StreamConfig) -> bool:
 def compact(
     spark,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     stream: StreamConfig,
     *,
     before_commit: Callable[[], None] | None = None,
@@ -93,6 +94,7 @@ def compact(
         if latest is None or not tables or tstate.intent(stream.name) is not None:
             return CompactionResult(stream.name, None, 0, 0, 0, 0.0)
         number = latest.version + 1
+        use_lake(spark, lake_root)
         rewritten, records = 0, []
         for table in tables:
             path = lake_root / table.path

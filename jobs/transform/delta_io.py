@@ -27,8 +27,9 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from tidemark.object_path import LakePath
 
 MARK = "spark.databricks.delta.commitInfo.userMetadata"
 STEP_SPAN = 1_000_000  # more commits than a run makes to any one table
@@ -47,7 +48,7 @@ REMOVED_PROPERTIES = {"delta.enableDeletionVectors": "true"}
 # For kill tests only (tests/helpers/crash_child.py), None otherwise: called as
 # COMMIT_HOOK("before" | "after", path, slot) around each marked commit, so a test's child
 # process can SIGKILL itself at an exact point of a run (during a MERGE, between two tables).
-COMMIT_HOOK: Callable[[str, Path, int], None] | None = None
+COMMIT_HOOK: Callable[[str, LakePath, int], None] | None = None
 
 
 def quoted(name: str) -> str:
@@ -55,15 +56,15 @@ def quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def table_ref(path: Path) -> str:
+def table_ref(path: LakePath) -> str:
     return "delta.`" + str(path).replace("`", "``") + "`"
 
 
-def is_table(path: Path) -> bool:
+def is_table(path: LakePath) -> bool:
     return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
 
 
-def table_rows(path: Path, since: int, rows: int) -> tuple[int, int]:
+def table_rows(path: LakePath, since: int, rows: int) -> tuple[int, int]:
     """The table's newest version and its rows, from `rows` at version `since` (-1: none) and
     the row counts Delta records in each later commit (`operationMetrics`): no Spark job, and
     exact for commits a killed attempt made too."""
@@ -84,14 +85,14 @@ def table_rows(path: Path, since: int, rows: int) -> tuple[int, int]:
     return newest, rows
 
 
-def _commit_info(commit: Path) -> dict[str, Any]:
+def _commit_info(commit: LakePath) -> dict[str, Any]:
     for line in commit.read_text().splitlines():
         if '"commitInfo"' in line:
             return json.loads(line)["commitInfo"]
     return {}
 
 
-def table_version(path: Path) -> int:
+def table_version(path: LakePath) -> int:
     """The newest committed version of the table at `path` (read from its log's listing: each
     commit is one `NNNNNNNNNNNNNNNNNNNN.json`)."""
     versions = [int(p.stem) for p in (path / "_delta_log").glob("*.json") if p.stem.isdigit()]
@@ -103,12 +104,12 @@ class RunWriter:
     """The Delta commits of one run of one stream, numbered; see the module docstring."""
 
     spark: Any
-    lake_root: Path
+    lake_root: LakePath
     stream: str
     run: int
-    baseline: dict[Path, int] = field(default_factory=dict)  # versions the store records
+    baseline: dict[LakePath, int] = field(default_factory=dict)  # versions the store records
     slots: int = 0
-    written: set[Path] = field(default_factory=set)  # tables this run committed to (or skipped)
+    written: set[LakePath] = field(default_factory=set)  # tables this run committed to (or skipped)
 
     def slot(self) -> int:
         """Take the next commit number (whether or not the commit turns out to be needed)."""
@@ -117,7 +118,7 @@ class RunWriter:
             raise OverflowError("a transform run made more Delta commits than STEP_SPAN")
         return self.run * STEP_SPAN + self.slots
 
-    def made(self, path: Path, slot: int) -> bool:
+    def made(self, path: LakePath, slot: int) -> bool:
         """True when the table's log holds a commit of this stream at `slot` or later (see
         the module docstring). Read newest first, down to the version the store records or to
         an earlier run's commit (marks only grow), so it reads a few small files."""
@@ -137,7 +138,7 @@ class RunWriter:
         return False
 
     @contextmanager
-    def _marked(self, path: Path, slot: int) -> Iterator[bool]:
+    def _marked(self, path: LakePath, slot: int) -> Iterator[bool]:
         """Yields False when the commit is made already (the caller writes nothing)."""
         self.written.add(path)
         if self.made(path, slot):
@@ -157,7 +158,7 @@ class RunWriter:
     def create(
         self,
         frame: Any,
-        path: Path,
+        path: LakePath,
         properties: dict[str, str],
         slot: int,
         partition_by: list[str] | None = None,
@@ -182,7 +183,7 @@ class RunWriter:
             if needed:
                 writer.save(str(path))
 
-    def overwrite(self, frame: Any, path: Path, slot: int) -> None:
+    def overwrite(self, frame: Any, path: LakePath, slot: int) -> None:
         """Replace the table's rows and schema (a column's type changed). Delta refuses that
         with the change feed on (a column mapped anew), so the feed is off for the one commit:
         a feed reader across it is told to read the table afresh, which a table whose column
@@ -194,7 +195,7 @@ class RunWriter:
                 writer.save(str(path))
         self.set_change_feed(path, True)
 
-    def set_change_feed(self, path: Path, enabled: bool) -> None:
+    def set_change_feed(self, path: LakePath, enabled: bool) -> None:
         """Turn the table's change feed on or off. Idempotent, so never marked, even inside
         a marked write (`overwrite`): a mark names the one commit that holds a slot's rows."""
         value = "true" if enabled else "false"
@@ -210,7 +211,9 @@ class RunWriter:
             if mark is not None:
                 conf.set(MARK, mark)
 
-    def sql(self, statement: str, path: Path, slot: int, source: Any | None = None) -> list[Any]:
+    def sql(
+        self, statement: str, path: LakePath, slot: int, source: Any | None = None
+    ) -> list[Any]:
         """Run a DML statement on the table at `path`; `source`, when given, is the view
         `{source}` in the statement names. Returns the statement's result rows ([] when it
         was made already)."""

@@ -10,20 +10,21 @@ beyond the store's record is never read. Several collections read as one frame c
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import functions as F
 
 from jobs.transform.delta_io import quoted
+from resources.spark_lake import use_lake
 from state import CuratedTable, StateStore, TransformState
 from tidemark.errors import CuratedTableMissing
+from tidemark.object_path import LakePath
 
 
 def read_changes(
     spark: Any,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     stream: str,
     db: str | None = None,
     coll: str | None = None,
@@ -36,7 +37,7 @@ def read_changes(
 def read_current(
     spark: Any,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     stream: str,
     version: int | None = None,
     *,
@@ -82,7 +83,7 @@ def _chosen(
     return tables
 
 
-def read_table(spark: Any, lake_root: Path, table: CuratedTable) -> Any:
+def read_table(spark: Any, lake_root: LakePath, table: CuratedTable) -> Any:
     """One collection table at the Delta version its run committed."""
     return (
         spark.read.format("delta")
@@ -91,7 +92,10 @@ def read_table(spark: Any, lake_root: Path, table: CuratedTable) -> Any:
     )
 
 
-def _union(spark: Any, lake_root: Path, tables: list[CuratedTable], with_namespace: bool) -> Any:
+def _union(
+    spark: Any, lake_root: LakePath, tables: list[CuratedTable], with_namespace: bool
+) -> Any:
+    use_lake(spark, lake_root)
     frames = []
     for table in tables:
         frame = read_table(spark, lake_root, table)

@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -37,11 +36,13 @@ from jobs.transform.change_log import NewEvents, large_events, log_new_events, s
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched
 from resources.spark import spark_failures
+from resources.spark_lake import use_lake
 from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
 from state.records import TableKind
 from tidemark.config import StreamConfig
 from tidemark.errors import CurrentTableBehind, LegacyCuratedZone
+from tidemark.object_path import LakePath
 
 # The session itself, or how to make one: a run with nothing to do never asks for it.
 SparkSource = SparkSession | Callable[[], SparkSession]
@@ -67,7 +68,7 @@ class TransformResult:
 def transform(
     spark: SparkSource,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     stream: StreamConfig,
     *,
     before_commit: Callable[[], None] | None = None,
@@ -155,7 +156,7 @@ def _refuse_legacy(
 def _transform(
     spark: SparkSource,
     store: StateStore,
-    lake_root: Path,
+    lake_root: LakePath,
     stream: StreamConfig,
     *,
     before_commit: Callable[[], None] | None,
@@ -180,6 +181,7 @@ def _transform(
         mark = time.monotonic()
         # A classic or a Connect session (neither is callable), or a factory of one.
         session = spark() if callable(spark) else spark
+        use_lake(session, lake_root)
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
         recorded = {lake_root / t.path: t.delta_version for t in tstate.tables(stream.name)}
         writer = RunWriter(session, lake_root, stream.name, number, recorded)
@@ -267,7 +269,7 @@ def _table_records(
     lake = writer.lake_root
     before = {(t.db, t.coll, t.kind): t for t in tstate.tables(stream)}
 
-    def record(db: str, coll: str, kind: TableKind, path: Path, schema: str) -> CuratedTable:
+    def record(db: str, coll: str, kind: TableKind, path: LakePath, schema: str) -> CuratedTable:
         last = before.get((db, coll, kind))
         since = last.delta_version if last else -1
         version, rows = table_rows(path, since, last.rows if last else 0)
@@ -293,7 +295,7 @@ def _run_record(
     new: NewEvents | None,
     tables: list[CuratedTable],
     tstate: TransformState,
-    lake_root: Path,
+    lake_root: LakePath,
 ) -> CurrentVersion | None:
     if new is None:
         return None  # every event was logged already: the batches are marked, nothing else

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from jobs.curated_zone import removed_dir
 from jobs.transform.delta_io import is_table, table_ref
+from resources.spark_lake import use_lake
 from state import StateStore, TransformState
+from tidemark.object_path import LakePath
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
@@ -35,7 +36,7 @@ def retention_hours(store: StateStore, stream: str, min_age_seconds: float) -> f
 
 
 def vacuum(
-    spark: Any, store: StateStore, lake_root: Path, stream: str, min_age_seconds: float
+    spark: Any, store: StateStore, lake_root: LakePath, stream: str, min_age_seconds: float
 ) -> list[str]:
     """VACUUM every table of the stream (the caller holds its transform lease); returns the
     files deleted."""
@@ -43,6 +44,7 @@ def vacuum(
     paths = {lake_root / t.path for t in TransformState(store).tables(stream)}
     paths.add(removed_dir(lake_root, stream))  # Tidemark's own table, not in the catalog
     removed: list[str] = []
+    use_lake(spark, lake_root)
     # Below Delta's default of 7 days on purpose: the retention is computed, not guessed.
     spark.conf.set(RETENTION_CHECK, "false")
     try:

@@ -4,6 +4,7 @@ from the state store's record of them (`TransformState.tables`, lake-relative pa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +12,31 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 from state import StateStore, TransformState
+from tidemark.object_path import LakePath, ObjectPath
 
 
-def query(path: Path, sql: str) -> list[dict[str, Any]]:
+def delta_table(path: LakePath) -> DeltaTable:
+    """The Delta table at `path`, local or on the S3 server (found as any AWS client finds a
+    store: the standard variables, here the test server's)."""
+    if not isinstance(path, ObjectPath):
+        return DeltaTable(str(path))
+    options = {"AWS_REGION": os.environ.get("AWS_REGION", "us-east-1")}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options |= {"AWS_ENDPOINT_URL": endpoint, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
+        options["AWS_ALLOW_HTTP"] = str(endpoint.startswith("http:")).lower()
+    return DeltaTable(str(path), storage_options=options)
+
+
+def query(path: LakePath, sql: str) -> list[dict[str, Any]]:
     """`sql` over the Delta table at `path`, registered as `t`. QueryBuilder, not
     `to_pyarrow_table`: it reads tables with deletion vectors."""
-    reader = QueryBuilder().register("t", DeltaTable(str(path))).execute(sql)
+    reader = QueryBuilder().register("t", delta_table(path)).execute(sql)
     return pa.table(reader.read_all()).to_pylist()
 
 
-def delta_version(path: Path) -> int:
-    return DeltaTable(str(path)).version()
+def delta_version(path: LakePath) -> int:
+    return delta_table(path).version()
 
 
 def current_tables(store: StateStore, lake: Path, stream: str) -> dict[tuple[str, str], Path]:

@@ -14,10 +14,18 @@ from bson.raw_bson import RawBSONDocument
 
 from jobs.raw_zone import RAW_SCHEMA
 from state import StateStore
+from tidemark.object_path import LakePath, ObjectPath
 
 
-def committed_table(store: StateStore, lake: Path, stream: str) -> pa.Table:
-    tables = [pq.read_table(lake / f.path) for batch in store.batches(stream) for f in batch.files]
+def read_parquet(path: LakePath, columns: list[str] | None = None) -> pa.Table:
+    """A raw file, local or on object storage."""
+    if isinstance(path, ObjectPath):
+        return pq.read_table(path.fs_path, filesystem=path.fs, columns=columns)
+    return pq.read_table(path, columns=columns)
+
+
+def committed_table(store: StateStore, lake: LakePath, stream: str) -> pa.Table:
+    tables = [read_parquet(lake / f.path) for batch in store.batches(stream) for f in batch.files]
     return pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
 
 

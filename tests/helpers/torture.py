@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import bson
-import pyarrow.parquet as pq
 from bson import MaxKey, MinKey, ObjectId
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
@@ -51,10 +50,13 @@ from jobs.ops import collect_garbage, reset_stream
 from resources.mongo import cluster_time, oplog_window
 from state import StateStore, TransformState
 from tests.helpers.delta_reading import current_tables, query
+from tests.helpers.lake_reading import read_parquet
 from tests.helpers.oracle import burst, canonical, make_doc
 from tidemark.config import StreamConfig
 from tidemark.errors import LeaseHeld, StreamInvalidated, TidemarkError
+from tidemark.object_path import LakePath
 from tidemark.pipeline_stages import ALWAYS_PASSING_EVENTS
+from tidemark.settings import lake_path
 from tidemark.tokens import (
     covered_until,
     is_high_water_mark,
@@ -280,7 +282,7 @@ def child_main(argv: list[str]) -> None:
         from resources.spark import SparkConfig, spark_session
 
         spark, _ = spark_session(SparkConfig(master="local[1]", driver_memory="1g"))
-        (transform if kind == "transform" else compact)(spark, store, Path(lake), stream)
+        (transform if kind == "transform" else compact)(spark, store, lake_path(lake), stream)
         return
     client = connect(uri, raw=True)
     if kind == "replay":
@@ -294,9 +296,9 @@ def child_main(argv: list[str]) -> None:
             defaults[0] = 100
             raw_writer.RawBatchWriter.__init__.__defaults__ = tuple(defaults)
         start, end = (datetime.fromisoformat(v) for v in argv[5:7])
-        replay(stream, client, store, Path(lake), start, end)
+        replay(stream, client, store, lake_path(lake), start, end)
         return
-    drain(stream, client, store, Path(lake), flush_rows=100, resnapshot=kind == "resnapshot")
+    drain(stream, client, store, lake_path(lake), flush_rows=100, resnapshot=kind == "resnapshot")
 
 
 def run_child(args: list[str], kill_after: float | None, env: dict[str, str]) -> tuple[str, str]:
@@ -880,14 +882,14 @@ def segments(store: StateStore, name: str, plain_starts: list[int]) -> list[Segm
     return found
 
 
-def batch_events(lake: Path, batch: Any) -> list[str] | None:
+def batch_events(lake: LakePath, batch: Any) -> list[str] | None:
     """The event ids a committed batch lists; None if one of its files is gone."""
     ids: list[str] = []
     for entry in batch.files:
         path = lake / entry.path
         if not path.exists():
             return None
-        ids += pq.read_table(path, columns=["event_id"]).column("event_id").to_pylist()
+        ids += read_parquet(path, columns=["event_id"]).column("event_id").to_pylist()
     return ids
 
 
@@ -1222,7 +1224,7 @@ def snapshot_reasons(torture: Torture) -> Counter[str]:
 
 
 def run_torture(
-    uri: str, lake: Path, state_url: str, cfg: TortureConfig, spark: Any = None
+    uri: str, lake: LakePath, state_url: str, cfg: TortureConfig, spark: Any = None
 ) -> tuple[bool, str, Torture]:
     """Run, check, report: (every check passed, the report, the run)."""
     clock = time.monotonic()

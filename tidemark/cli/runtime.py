@@ -14,7 +14,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient
@@ -26,6 +25,7 @@ from resources.spark_server import start_server
 from state import StateStore
 from tidemark.config import TidemarkConfig, load_streams
 from tidemark.errors import TidemarkError
+from tidemark.object_path import LakePath
 from tidemark.settings import Settings
 
 
@@ -100,7 +100,7 @@ class Runtime:
         return connect(self.uri, raw=True)
 
     @property
-    def lake_root(self) -> Path:
+    def lake_root(self) -> LakePath:
         return self.settings.lake_root
 
     def close(self) -> None:
