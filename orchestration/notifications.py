@@ -37,6 +37,10 @@ def _post(context: dg.RunStatusSensorContext, notifications: Notifications, text
 def _step_error(context: dg.RunFailureSensorContext) -> str | None:
     for event in context.get_step_failure_events():
         error = getattr(event.event_specific_data, "error", None)
+        # Dagster wraps the op's exception ("Error occurred while executing op ..."): the
+        # innermost cause is the one that says what went wrong.
+        while error is not None and error.cause is not None:
+            error = error.cause
         if error is not None:
             return error.message
     return context.failure_event.message

@@ -90,7 +90,9 @@ class TidemarkCollector(Collector):
         names = {s.name for s in self.streams}
         labels = ["stream", "source"]
         batches = _counter(
-            "tidemark_batches_committed", "Committed batches (drain, snapshot, replay).", labels
+            "tidemark_batches_committed",
+            "Committed batches, by source (incremental: drains; snapshot; replay).",
+            labels,
         )
         events = _counter("tidemark_events_drained", "Events in committed batches.", labels)
         size = _counter("tidemark_bytes_drained", "Bytes of committed raw files.", labels)

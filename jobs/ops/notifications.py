@@ -4,11 +4,13 @@ post itself (`resources.webhook`) live elsewhere."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 Severity = Literal["error", "warn"]
+_DOTTED_CLASS = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Z]\w*:)")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,9 @@ def first_line(text: str | None) -> str:
     line names the exception)."""
     for line in (text or "").splitlines():
         if line.strip():
-            return line.strip()
+            # "tidemark.errors.HistoryLost: ..." reads "HistoryLost: ...": the class names the
+            # failure, its module path is noise in a chat message.
+            return _DOTTED_CLASS.sub(r"\1", line.strip(), count=1)
     return "no error message was recorded"
 
 
