@@ -222,3 +222,34 @@ def test_a_bad_section_is_a_config_error_with_its_fix(tmp_path, section, expecte
         assert "notifications" in message and expected in message
         assert "secret-token" not in message  # the value may be the credential itself
         assert "Fix the file" in message
+
+
+def test_a_broken_stream_leaves_the_section_in_force(tmp_path):
+    """Entry-by-entry loading (the code location's): one stream with a typo still posts the
+    others' failures."""
+    path = _file(
+        tmp_path,
+        STREAM
+        + "  - {name: typo, database: shop, colection: x}\n"
+        + "notifications:\n  webhook_url: https://hooks.example/x\n",
+    )
+    loaded = load_streams(path)
+    assert [b.key for b in loaded.broken] == ["typo"]
+    notifications = loaded.config().notifications
+    assert notifications is not None
+    assert notifications.webhook_url == "https://hooks.example/x"
+
+
+def test_the_code_location_has_the_sensors_only_with_the_section(tmp_path, monkeypatch):
+    from orchestration.definitions import location_definitions
+
+    monkeypatch.setenv("TIDEMARK_STATE_URL", f"sqlite:///{tmp_path / 'state.db'}")
+    monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
+    names = {"tidemark_run_failure_webhook", "tidemark_check_failure_webhook"}
+
+    def sensors(text: str) -> set[str]:
+        defs = location_definitions(_file(tmp_path, text))
+        return {s.name for s in defs.sensors or []}
+
+    assert names <= sensors(STREAM + "notifications:\n  webhook_url: https://hooks.example/x\n")
+    assert not names & sensors(STREAM)
