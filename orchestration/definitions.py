@@ -25,6 +25,7 @@ from orchestration.config_errors import WHOLE_FILE, config_error_definitions
 from orchestration.discovery import first_checkpoints, known_tables
 from orchestration.keys import TableName
 from orchestration.maintenance import gc_job, gc_schedule
+from orchestration.notifications import notification_sensors
 from orchestration.replay_reach import replay_reach_check
 from orchestration.resources import env_resources
 from orchestration.schedules import stream_jobs, sync_schedule
@@ -76,7 +77,8 @@ def build_definitions(
         schedules=[sync_schedule(stream) for stream in streams] + [gc_schedule()],
         sensors=[compaction_sensor(stream) for stream in streams if stream.current_table]
         + [sensor for _, _, sensor in reports]
-        + [automation_sensor()],
+        + [automation_sensor()]
+        + notification_sensors(config.notifications, [s.name for s in streams]),
         resources=env_resources() if resources is None else resources,
         # Runs the automation sensor starts (the transform): one process, so one JVM at most.
         executor=dg.in_process_executor,
@@ -90,7 +92,9 @@ def location_definitions(path: Path | str) -> dg.Definitions:
     except ConfigError as exc:
         # Nothing in the file can be trusted: no stream loads, the error is reported as one.
         streams_file = StreamsFile(Path(path), [], [BrokenStream(WHOLE_FILE, -1, exc)])
-    config = TidemarkConfig.model_construct(streams=streams_file.streams)
+    config = TidemarkConfig.model_construct(
+        streams=streams_file.streams, notifications=streams_file.notifications
+    )
     # When each stream took its first checkpoint: the replay partitions start there.
     state_url = Settings.from_env().state_url
     return build_definitions(

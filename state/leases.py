@@ -162,3 +162,12 @@ def _dead_local(host: str | None, pid: int | None) -> bool:
     except OSError:
         return False
     return state == "Z"
+
+
+def lease_rows(conn: Connection) -> list[dict[str, Any]]:
+    """Every lease row (name, owner, acquired_at, expires_at): a released lease keeps when it
+    was taken and, as its expiry, when it was given up, so it tells how long its last holder
+    ran."""
+    leases = schema.leases
+    query = select(leases.c.stream, leases.c.owner, leases.c.acquired_at, leases.c.expires_at)
+    return [dict(row._mapping) for row in conn.execute(query)]

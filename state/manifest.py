@@ -131,3 +131,16 @@ def batches_of(conn: Connection, query: Select[Any]) -> list[BatchRecord]:
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def batch_totals(conn: Connection) -> list[tuple[str, str, int, int, int]]:
+    """(stream, source, batches, events, bytes) summed over every committed batch: one
+    aggregate, so a metrics scrape costs one query however many batches there are."""
+    b = schema.batches
+    query = select(
+        b.c.stream, b.c.source, func.count(), func.sum(b.c.event_count), func.sum(b.c.bytes)
+    ).group_by(b.c.stream, b.c.source)
+    return [
+        (stream, source, int(count), int(events or 0), int(size or 0))
+        for stream, source, count, events, size in conn.execute(query)
+    ]

@@ -187,6 +187,15 @@ class StateStore:
         with self.transaction("lease release") as conn:
             leases.release(conn, lease)
 
+    def lease_rows(self) -> list[dict[str, Any]]:
+        """Every lease's name, owner and times (`leases.lease_rows`), for metrics.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        with self.transaction("lease list") as conn:
+            return leases.lease_rows(conn)
+
     # -- commits -------------------------------------------------------------------------
 
     def commit_batch(
@@ -291,6 +300,15 @@ class StateStore:
         """
         with self.transaction("batch count") as conn:
             return manifest.batch_count(conn, stream)
+
+    def batch_totals(self) -> list[tuple[str, str, int, int, int]]:
+        """(stream, source, batches, events, bytes) over every committed batch.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        with self.transaction("batch totals") as conn:
+            return manifest.batch_totals(conn)
 
     def resets(self, stream: str) -> list[dict[str, Any]]:
         """The stream's reset history (resets and snapshot starts), oldest first.

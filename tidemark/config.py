@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from tidemark.errors import ConfigError, UnknownStream
+from tidemark.errors import ConfigError, UnknownStream, WebhookUrlUnset
 from tidemark.field_exclusion import exclusion_stages, outermost, removed_by_stages
 from tidemark.pipeline_stages import fold_problem, stage_problem
 
@@ -304,12 +305,67 @@ class StreamConfig(BaseModel):
         return [*pipeline, *exclusion_stages(removed)]
 
 
+# `${NAME}` in a notification setting: the value of the environment variable NAME, read when a
+# message is sent, so a secret webhook URL stays out of the file (and of every log line).
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Notifications(BaseModel):
+    """Where run and check failures are posted (a Slack-compatible incoming webhook)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # An http(s) URL or a `${VARIABLE}` reference (the URL of a webhook is its credential).
+    webhook_url: Annotated[str, Field(min_length=1)]
+    # The Dagster UI's base URL, e.g. http://dagster.example.com: messages then link the run.
+    ui_url: str | None = None
+    # The least severity of a failed check that is posted: error, or warn for both.
+    check_severity: Literal["error", "warn"] = "error"
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
+
+    @field_validator("webhook_url", "ui_url")
+    @classmethod
+    def _url_or_reference(cls, value: str | None) -> str | None:
+        # The message never repeats the value: it may be the secret itself.
+        if value is None or _ENV_REFERENCE.search(value):
+            return value
+        if not re.match(r"https?://[^/\s]+", value):
+            raise ValueError("must be an http(s):// URL or a ${VARIABLE} reference")
+        return value
+
+    def resolved_webhook_url(self, environ: dict[str, str] | None = None) -> str:
+        """The webhook URL with each `${VARIABLE}` replaced by its value.
+
+        Raises:
+            WebhookUrlUnset: a variable it names is unset or empty, or the result is no URL.
+        """
+        env = os.environ if environ is None else environ
+        unset = [n for n in _ENV_REFERENCE.findall(self.webhook_url) if not env.get(n)]
+        if unset:
+            raise WebhookUrlUnset(
+                f"notifications.webhook_url names the environment variable {unset[0]}, which "
+                "is not set here: failures are not posted.",
+                f"Set {unset[0]} to the webhook's URL where Dagster's daemon and code server "
+                "run, or write the URL into the streams file.",
+            )
+        url = _ENV_REFERENCE.sub(lambda m: env[m.group(1)], self.webhook_url)
+        if not re.match(r"https?://[^/\s]+", url):
+            names = ", ".join(_ENV_REFERENCE.findall(self.webhook_url))
+            raise WebhookUrlUnset(
+                f"notifications.webhook_url (from {names}) is not an http(s):// URL: failures "
+                "are not posted.",
+                "Set the variable to the webhook's full URL, e.g. https://hooks.slack.com/...",
+            )
+        return url
+
+
 class TidemarkConfig(BaseModel):
     """The whole streams file."""
 
     model_config = ConfigDict(extra="forbid")
 
     streams: list[StreamConfig] = Field(min_length=1)
+    notifications: Notifications | None = None
 
     @field_validator("streams")
     @classmethod
@@ -467,13 +523,16 @@ class StreamsFile:
     path: Path
     streams: list[StreamConfig]
     broken: list[BrokenStream]
+    notifications: Notifications | None = None
 
     def config(self) -> TidemarkConfig:
         """The valid streams; asking it for a broken one (`stream(name)`) raises that one's
         error. With no valid stream at all, the first broken one's error."""
         if not self.streams:
             raise self.broken[0].error
-        config = TidemarkConfig.model_construct(streams=self.streams)
+        config = TidemarkConfig.model_construct(
+            streams=self.streams, notifications=self.notifications
+        )
         config._broken = {b.key: b.error for b in self.broken}
         return config
 
@@ -489,7 +548,7 @@ def load_streams(path: Path | str) -> StreamsFile:
     raw = _read_streams_file(path)
     try:
         config = TidemarkConfig.model_validate(raw)
-        return StreamsFile(path, list(config.streams), [])
+        return StreamsFile(path, list(config.streams), [], config.notifications)
     except ValidationError as exc:
         errors = exc.errors()
     entries = raw.get("streams")
@@ -518,7 +577,14 @@ def load_streams(path: Path | str) -> StreamsFile:
             )
         error = ConfigError(f"The streams config {path} is invalid: {problem}.", _FIX_HINT)
         broken.append(BrokenStream(_broken_key(entry, index, streams, broken), index, error))
-    return StreamsFile(path, streams, broken)
+    # Only the streams had errors (any other key's raised above): this section validated.
+    notifications = raw.get("notifications")
+    return StreamsFile(
+        path,
+        streams,
+        broken,
+        None if notifications is None else Notifications.model_validate(notifications),
+    )
 
 
 def _broken_key(

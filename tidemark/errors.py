@@ -144,3 +144,14 @@ class CuratedTableMissing(TidemarkError):
 
 class SchemaFrozen(TidemarkError):
     """A stream with `schema: freeze` met a field its table lacks or a type it does not hold."""
+
+
+# -- Metrics and alerts (issue 26, item 3) ----------------------------------------------------
+
+
+class WebhookUrlUnset(ConfigError):
+    """The notifications' webhook URL names an environment variable that is unset here."""
+
+
+class MetricsServerError(TidemarkError):
+    """`tidemark metrics serve` cannot listen where it was asked to (port taken, bad host)."""

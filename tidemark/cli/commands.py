@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui); `ui stop` stops it")
     p.add_argument("action", nargs="?", choices=["start", "stop"], default="start")
     p.add_argument("--port", type=int, default=3000)
+    p = sub.add_parser(
+        "metrics", help="Prometheus metrics per stream: printed once, or `metrics serve`d"
+    )
+    p.add_argument("action", nargs="?", choices=["show", "serve"], default="show")
+    p.add_argument("--host", default="127.0.0.1", help="serve: address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9464, help="serve: port (default 9464; 0: free)")
     p = sub.add_parser("workload", help="keep writing the sample workload, for live runs")
     p.add_argument("--orders", type=int, default=100, help="orders per round (default 100)")
     p.add_argument(
@@ -172,6 +178,10 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if args.command == "workload":
             return _workload(runtime, args)
+        if args.command == "metrics":
+            from tidemark.cli.metrics import metrics_command
+
+            return metrics_command(runtime, args.action, args.host, args.port)
     finally:
         runtime.close()
     raise AssertionError(args.command)
