@@ -10,13 +10,28 @@ DELTA_JARS := $(VENV)/jars/.installed
 export TIDEMARK_HOME ?= $(CURDIR)/.tidemark
 export TIDEMARK_CONFIG ?= $(CURDIR)/streams.yaml
 
-.PHONY: demo test test-fast soak ui workload browser postgres install lint format check-python check-java mongod-stop spark-start spark-stop ui-stop clean
+.PHONY: s3-start demo test test-fast soak ui workload browser postgres install lint format check-python check-java mongod-stop spark-start spark-stop ui-stop clean
 
 # demo and ui run Spark on the long-lived local Connect server (`tidemark spark start`, once,
 # 10-20 s) and point TIDEMARK_SPARK_REMOTE at it; it keeps running for the next runs.
 # TIDEMARK_SPARK_REMOTE=sc://host:port (a cluster's) or TIDEMARK_SPARK_MASTER=... (a JVM per
 # run) skip it.
-demo: check-java install spark-start
+# make demo LAKE=s3: the same demo with the lake on a local S3 server (SeaweedFS, `tidemark s3
+# start`, data under the home) and its Spark a session of the demo's own, whose JVM gets the
+# store's key pair from this environment (as a cluster's gets its own).
+ifeq ($(LAKE),s3)
+export TIDEMARK_LAKE ?= s3://lake/demo
+export AWS_ENDPOINT_URL ?= http://127.0.0.1:8333
+export AWS_ACCESS_KEY_ID ?= tidemark-demo
+export AWS_SECRET_ACCESS_KEY ?= tidemark-demo-secret
+export AWS_REGION ?= us-east-1
+export TIDEMARK_SPARK_MASTER ?= local[2]
+DEMO_SERVERS := s3-start
+else
+DEMO_SERVERS := spark-start
+endif
+
+demo: check-java install $(DEMO_SERVERS)
 	$(BIN)/tidemark demo
 
 test: check-java install browser postgres
@@ -97,6 +112,9 @@ mongod-stop: install
 
 spark-start: install
 	@if [ -z "$$TIDEMARK_SPARK_REMOTE$$TIDEMARK_SPARK_MASTER" ]; then $(BIN)/tidemark spark start; fi
+
+s3-start: install
+	$(BIN)/tidemark s3 start
 
 spark-stop: install
 	$(BIN)/tidemark spark stop

@@ -6,6 +6,8 @@ can never be skipped silently)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,12 +23,12 @@ from resources.embedded_mongo import (
     start_mongod,
     stop_mongod,
 )
+from resources.embedded_s3 import BUCKET, S3Server, start_s3, stop_s3
 from resources.mongo import connect
 from state import StateStore
 from state.engine import normalize_url
 from tests.helpers.credentials import SECRET
 from tests.helpers.postgres_server import PostgresUnavailable, start_postgres, stop_postgres
-from tests.helpers.s3_server import BUCKET, TEST_CREDENTIALS, S3Server, start_s3, stop_s3
 from tidemark.config import StreamConfig
 from tidemark.errors import EmbeddedMongoError
 from tidemark.object_path import LakePath, ObjectPath
@@ -39,6 +41,13 @@ MATRIX_ENV = "TIDEMARK_REQUIRE_MONGOD_MATRIX"
 # server of its own): a TIDEMARK_SPARK_REMOTE in the developer's shell would switch every
 # process that imports `orchestration` to Spark Connect mode.
 os.environ.pop("TIDEMARK_SPARK_REMOTE", None)
+# The test S3 server's identity (any pair: it is the server's only one).
+TEST_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "tidemark-test",
+    "AWS_SECRET_ACCESS_KEY": "tidemark-test-secret",
+    "AWS_REGION": "us-east-1",
+}
+
 # The test S3 server's key pair, in the environment before any process starts (the Spark JVMs
 # and Connect servers the suite starts inherit it, as a deployment's would): no test can reach
 # a real AWS account with a developer's own keys.
@@ -121,13 +130,15 @@ def db_name(client: MongoClient) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    """A real S3 server of the session's own (SeaweedFS on loopback, tests/helpers/s3_server.py),
+    """A real S3 server of the session's own (SeaweedFS on loopback, resources/embedded_s3.py),
     named by AWS_ENDPOINT_URL for the rest of the session. Never skipped: `weed` comes with the
     dev dependencies."""
-    server = start_s3()
+    directory = Path(tempfile.mkdtemp(prefix="tidemark-s3-"))
+    server = start_s3(directory, credentials=TEST_CREDENTIALS)
     os.environ["AWS_ENDPOINT_URL"] = server.endpoint
     yield server
     stop_s3(server)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

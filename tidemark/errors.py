@@ -155,3 +155,10 @@ class WebhookUrlUnset(ConfigError):
 
 class MetricsServerError(TidemarkError):
     """`tidemark metrics serve` cannot listen where it was asked to (port taken, bad host)."""
+
+
+# --- issue 26 item 1: the lake on object storage ---
+
+
+class EmbeddedS3Error(TidemarkError):
+    """The local S3 server (SeaweedFS, for `make demo LAKE=s3` and the tests) could not start."""

@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long start waits for the server to answer (default 120)",
     )
+    p = sub.add_parser("s3", help="a local S3 server under the Tidemark home (make demo LAKE=s3)")
+    p.add_argument("action", choices=["start", "stop"])
     p = sub.add_parser("demo", help="sample workload, drain and summary (make demo)")
     p.add_argument("--orders", type=int, default=500)
     p = sub.add_parser("ui", help="the Dagster UI on 127.0.0.1 (make ui); `ui stop` stops it")
@@ -149,6 +151,10 @@ def _run(args: argparse.Namespace) -> int:
         return _mongod(args.action, settings)
     if args.command == "spark":
         return _spark(args, settings)
+    if args.command == "s3":
+        from tidemark.cli.local_s3 import s3_command
+
+        return s3_command(settings, args.action)
     if args.command == "ui":
         from tidemark.cli.ui import ui_command
 
