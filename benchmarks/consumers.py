@@ -15,6 +15,7 @@ import resource
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,17 @@ def naive_json(uri: str, db: str, coll: str, token: dict, end: Timestamp) -> tup
 
 
 def tidemark_drain(
-    uri: str, db: str, coll: str, token: dict, lookup: bool
+    uri: str, db: str, coll: str, token: dict, lookup: bool, s3: bool = False
 ) -> tuple[int, int, float]:
-    """Tidemark's drain: change stream -> typed Arrow -> Parquet, committed with the token."""
+    """Tidemark's drain: change stream -> typed Arrow -> Parquet, committed with the token;
+    `s3`: the lake on the S3 server AWS_ENDPOINT_URL names (bucket `lake`)."""
     from datetime import timedelta
 
     from jobs.capture import drain
     from resources.mongo import connect
     from state import NewPosition, StateStore
     from tidemark.config import StreamConfig
+    from tidemark.object_path import ObjectPath
     from tidemark.tokens import token_to_json
 
     with tempfile.TemporaryDirectory() as work:
@@ -145,7 +148,8 @@ def tidemark_drain(
         store.release_lease(lease)
         client = connect(uri, raw=True)
         started = time.perf_counter()
-        result = drain(stream, client, store, Path(work) / "lake")
+        lake = ObjectPath("s3", "lake", f"bench-{uuid.uuid4().hex[:8]}") if s3 else Path(work)
+        result = drain(stream, client, store, lake / "lake")
         seconds = time.perf_counter() - started
         store.close()
     return result.events, result.bytes, seconds
@@ -164,9 +168,9 @@ def main() -> None:
         events, nbytes, seconds = pymongo_iteration(client, db, coll, token, end, lookup=True)
     elif name == "naive_json":
         events, nbytes, seconds = naive_json(uri, db, coll, token, end)
-    elif name in ("tidemark", "tidemark_lookup"):
+    elif name in ("tidemark", "tidemark_lookup", "tidemark_s3"):
         events, nbytes, seconds = tidemark_drain(
-            uri, db, coll, token, lookup=name.endswith("lookup")
+            uri, db, coll, token, lookup=name.endswith("lookup"), s3=name.endswith("s3")
         )
     else:
         raise SystemExit(f"unknown consumer {name}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -26,14 +27,25 @@ from bson import json_util
 from pymongo import MongoClient, ReplaceOne, UpdateOne
 
 from resources.embedded_mongo import start_mongod, stop_mongod
+from resources.embedded_s3 import start_s3, stop_s3
 from resources.mongo import cluster_time
 
 ROOT = Path(__file__).resolve().parent.parent
-CONSUMERS = ["getmore", "pymongo", "tidemark", "pymongo_lookup", "tidemark_lookup", "naive_json"]
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "tidemark-bench", "AWS_SECRET_ACCESS_KEY": "tidemark-bench-secret"}
+CONSUMERS = [
+    "getmore",
+    "pymongo",
+    "tidemark",
+    "tidemark_s3",
+    "pymongo_lookup",
+    "tidemark_lookup",
+    "naive_json",
+]
 LABELS = {
     "getmore": "aggregate/getMore commands, batches counted, never decoded (server ceiling)",
     "pymongo": "pymongo `watch()` iterating RawBSONDocument, doing nothing",
     "tidemark": "**Tidemark drain**: typed Arrow -> Parquet -> commit with the token",
+    "tidemark_s3": "**Tidemark drain, lake on S3** (SeaweedFS on loopback, pyarrow's S3)",
     "pymongo_lookup": "pymongo `watch()`, `full_document=updateLookup`",
     "tidemark_lookup": "**Tidemark drain**, `full_document=updateLookup`",
     "naive_json": "pymongo dicts + `json.dumps` per event to JSON lines (updateLookup)",
@@ -162,6 +174,11 @@ def run(args: argparse.Namespace) -> str:
         biggest = max([events_total, *args.memory])
         oplog_mb = max(1024, int(biggest * args.doc_kb * 2.2 / 1024) + 512)
         mongod = start_mongod(Path(work) / "data", oplog_size_mb=oplog_mb)
+        # The S3 row's store: a real S3 server on loopback; the consumers' processes find it
+        # by the standard variables, as a deployment's would.
+        (Path(work) / "s3").mkdir()
+        s3 = start_s3(Path(work) / "s3", credentials=S3_KEYS)
+        os.environ.update(S3_KEYS | {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": "us-east-1"})
         try:
             client = MongoClient(mongod.uri, tz_aware=True)
             print(
@@ -191,12 +208,24 @@ def run(args: argparse.Namespace) -> str:
                 f"{args.repeats}, range in brackets)\n"
             )
             out.append(throughput_table(results))
+            out.append("\n" + s3_ratio(results))
             out.append("\n" + memory_table(client, mongod.uri, args))
             out.append("\n" + fixed_cost_table(mongod.uri, token, end))
             client.close()
         finally:
             stop_mongod(mongod)
+            stop_s3(s3)
     return "\n".join(out)
+
+
+def s3_ratio(results: dict[str, list[dict[str, Any]]]) -> str:
+    def rate(name: str) -> float:
+        return statistics.median(r["events"] / r["seconds"] for r in results[name])
+
+    return (
+        f"Lake on S3 / lake on local disk, the same drain: "
+        f"{rate('tidemark_s3') / rate('tidemark'):.2f}x (goal >= 0.8x)"
+    )
 
 
 def memory_table(client: MongoClient, uri: str, args: argparse.Namespace) -> str:

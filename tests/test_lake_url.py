@@ -116,3 +116,20 @@ def test_the_dagster_resource_reads_the_same_urls(tmp_path: Path, monkeypatch):
     assert LakeResource(root="s3://bucket/lake").path == ObjectPath("s3", "bucket", "lake")
     assert LakeResource(root="lake").path == tmp_path / "lake"
     assert not list(tmp_path.iterdir())
+
+
+def test_a_key_the_store_refuses_is_one_paragraph_before_anything_is_drained(
+    s3_server, monkeypatch
+):
+    from jobs.lake import ensure_writable
+    from tidemark.errors import LakeError
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    # A bucket name of this test's own: the process makes one filesystem per bucket, with the
+    # environment's key as it is then.
+    with pytest.raises(LakeError) as refused:
+        ensure_writable(ObjectPath("s3", "denied-bucket", "lake"))
+    message = str(refused.value)
+    assert "s3://denied-bucket/lake" in message and "Nothing was drained" in message
+    assert "AWS_ACCESS_KEY_ID" in message and "not-the-secret" not in message
+    assert "\n" not in message and "Traceback" not in message
