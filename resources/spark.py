@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, Field
 
 from resources.delta import delta_jvm_settings
+from resources.spark_code import ship_code
 from tidemark.errors import (
     SparkOutOfMemory,
     SparkQueryFailed,
@@ -223,6 +224,7 @@ def spark_session(config: SparkConfig | None = None) -> tuple[Any, bool]:
         session = builder.getOrCreate()
         if config.remote:
             _stop_retrying_a_dead_server(session, config.remote)
+            ship_code(session)
     except Exception as exc:  # py4j and Connect raise many kinds; all mean "no Spark"
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         if config.remote:

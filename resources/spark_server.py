@@ -189,6 +189,10 @@ def _launch(
     # The server outlives this shell: its UDF workers must be this venv's Python, whatever
     # PYSPARK_PYTHON the shell had.
     env.update(local_environment(config))
+    # A cluster's executors run their own Python (`spark.pyspark.python`); Connect reads the
+    # UDFs' interpreter from the server's PYSPARK_PYTHON first, so it must say the same.
+    if "spark.pyspark.python" in config.conf:
+        env["PYSPARK_PYTHON"] = config.conf["spark.pyspark.python"]
     env.update(
         SPARK_HOME=str(spark),
         SPARK_LOG_DIR=str(directory / "logs"),

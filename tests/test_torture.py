@@ -38,14 +38,3 @@ def test_torture_history_lost_resnapshots(spark, tmp_path, tiny_mongod):
     )
     print(text)
     assert ok, text
-
-
-@pytest.mark.slow
-def test_torture_with_the_lake_on_s3(mongod, spark, tmp_path, s3_lake):
-    """The same torture with the lake on a real S3 server (SeaweedFS): the raw zone written
-    by pyarrow's S3 filesystem, gc listing and deleting objects, and the Delta tables written
-    through s3a, in the suite's session and in the SIGKILLed children alike."""
-    cfg = TortureConfig(seed=SEEDS[0] + 1, write_seconds=SECONDS / 2)
-    ok, text, _ = run_torture(mongod.uri, s3_lake, f"sqlite:///{tmp_path / 'state.db'}", cfg, spark)
-    print(text)
-    assert ok, text

@@ -13,26 +13,28 @@ from typing import Any
 
 from state import StateStore
 from tidemark.config import StreamConfig
+from tidemark.object_path import LakePath
 
 ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = r"""
 import json, os
-from pathlib import Path
 os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
 from resources.spark import SparkConfig, spark_session
 from jobs.transform import transform
 from state import StateStore
 from tidemark.config import StreamConfig
+from tidemark.settings import lake_path
 
 stream = StreamConfig.model_validate_json(os.environ["STREAM"])
 spark, _ = spark_session(SparkConfig(remote=os.environ["URL"]))
-result = transform(spark, StateStore(os.environ["STATE_URL"]), Path(os.environ["LAKE"]), stream)
+lake = lake_path(os.environ["LAKE"])
+result = transform(spark, StateStore(os.environ["STATE_URL"]), lake, stream)
 print(json.dumps({"added": result.changes_added, "rows": result.rows}))
 """
 
 
 def transform_over_connect(
-    url: str, store: StateStore, lake: Path, stream: StreamConfig
+    url: str, store: StateStore, lake: LakePath, stream: StreamConfig
 ) -> dict[str, Any]:
     """Run the transform of `stream` on the server at `url`: {"added": events, "rows": rows}."""
     done = subprocess.run(

@@ -81,6 +81,9 @@ class TortureConfig:
     max_parallel: int = 3  # scheduled operations running at once
     kill_fraction: float = 0.4  # child runs that get a SIGKILL
     transform_in_child: bool = False  # the soak: transforms in child JVMs, killable too
+    # The cluster variant: the children's transforms run on this Spark Connect server (the
+    # driver of a standalone cluster); needs transform_in_child.
+    spark_remote: str | None = None
     ddl_every: tuple[float, float] = (6.0, 12.0)
     history_lost: bool = False  # the tiny-oplog variant: one stream, rolled past
     streams: tuple[str, ...] = ()  # a subset of the variants, by name; empty: all
@@ -267,6 +270,10 @@ class Writers:
         self.log.add(f"writer: {what}")
 
 
+# The child's Spark Connect server (the cluster variant).
+REMOTE_ENV = "TIDEMARK_TORTURE_SPARK_REMOTE"
+
+
 # -- child processes -------------------------------------------------------------------------
 
 
@@ -278,10 +285,15 @@ def child_main(argv: list[str]) -> None:
     from resources.mongo import connect
 
     if kind in ("transform", "compact"):
-        from jobs.transform import compact, transform
-        from resources.spark import SparkConfig, spark_session
+        from resources.spark import SparkConfig, prepare_connect_mode, spark_session
 
-        spark, _ = spark_session(SparkConfig(master="local[1]", driver_memory="1g"))
+        # A cluster's Connect server (the cluster variant), else a JVM of the child's own.
+        remote = os.environ.get(REMOTE_ENV)
+        prepare_connect_mode(remote)  # before the transform's UDFs are defined
+        from jobs.transform import compact, transform
+
+        config = SparkConfig(master="local[1]", driver_memory="1g", remote=remote)
+        spark, _ = spark_session(config)
         (transform if kind == "transform" else compact)(spark, store, lake_path(lake), stream)
         return
     client = connect(uri, raw=True)
@@ -393,6 +405,8 @@ class Torture:
         self.final_errors: dict[str, str] = {}
         self.reset_starts: dict[str, list[int]] = {}
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        if cfg.spark_remote:
+            self.env[REMOTE_ENV] = cfg.spark_remote
         self._stop_monitor = threading.Event()
         self.t0: datetime = datetime.now(UTC)
 
