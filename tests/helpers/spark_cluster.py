@@ -1,7 +1,7 @@
 """A real Spark standalone cluster on loopback for the cluster tests: a master and two workers
 started from the pyspark wheel's own jars (`bin/spark-class ...Master` / `...Worker`), each a
 JVM of its own, and a Spark Connect server attached to the master as the driver
-(`resources.spark_server.start_server(master=...)`, what `tidemark spark start --master` runs).
+(`tidemark spark start --master spark://... --executor-python ...`).
 
 The executors share nothing with the test's process but the machine: the lake is on the S3
 server, and their Python is `worker_python`, the venv's interpreter without its site
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from resources.processes import free_port
 from resources.spark import SparkConfig, check_java, local_environment
-from resources.spark_server import ConnectServer, spark_home, start_server, stop_server
+from resources.spark_server import ConnectServer, running_server, spark_home, stop_server
 
 START_TIMEOUT_S = 120
 WORKERS = 2
@@ -112,20 +112,20 @@ def start_cluster(directory: Path, home: Path) -> SparkCluster:
                 )
                 raise RuntimeError(f"the standalone cluster did not come up:\n{logs}")
             time.sleep(0.5)
-        cluster.server, _ = start_server(
-            home,
-            port=free_port("127.0.0.1"),
-            driver_memory="1g",
-            master=cluster.master_url,
-            conf={
-                "spark.pyspark.python": str(worker_python(directory)),
-                "spark.driver.host": "127.0.0.1",
-                "spark.driver.bindAddress": "127.0.0.1",
-                "spark.executor.memory": "768m",
-                "spark.executor.cores": "1",
-                "spark.cores.max": str(WORKERS),
-            },
-        )
+        # As a team would attach it: the CLI, its driver on the address the master is at.
+        started = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "tidemark"), "spark", "start",
+                "--master", cluster.master_url, "--executor-python",
+                str(worker_python(directory)), "--driver-memory", "1g",
+                "--port", str(free_port("127.0.0.1")),
+            ],
+            env={**os.environ, "TIDEMARK_HOME": str(home)},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if started.returncode != 0:
+            raise RuntimeError(f"tidemark spark start --master failed: {started.stderr[-2000:]}")
+        cluster.server = running_server(home)
     except BaseException:
         stop_cluster(cluster, home)
         raise

@@ -86,6 +86,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--driver-memory", default="2g", help="the server JVM's heap (default 2g)")
     p.add_argument(
+        "--master",
+        default="local[*]",
+        help="the cluster the server drives, e.g. spark://host:7077 (default local[*])",
+    )
+    p.add_argument(
+        "--executor-python",
+        metavar="PATH",
+        help="the cluster's Python for UDFs, on every worker (default: this venv's)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=120.0,
@@ -351,6 +361,20 @@ def _mongod(action: str, settings: Settings) -> int:
     return 0
 
 
+def _driver_host(master: str) -> str:
+    """The address a cluster's executors reach the server's driver at: the one this machine
+    reaches the master from (loopback for a master on this machine)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(master)
+    if parts.scheme != "spark" or not parts.hostname:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((parts.hostname, parts.port or 7077))  # no packet: picks the route
+        return probe.getsockname()[0]
+
+
 def _spark(args: argparse.Namespace, settings: Settings) -> int:
     home = settings.home
     if args.action == "stop":
@@ -359,8 +383,18 @@ def _spark(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.action == "start":
         began = time.monotonic()
+        conf = {}
+        if args.master != "local[*]":
+            conf = {"spark.driver.host": _driver_host(args.master)}
+        if args.executor_python:
+            conf["spark.pyspark.python"] = args.executor_python
         server, started = start_server(
-            home, port=args.port, driver_memory=args.driver_memory, timeout=args.timeout
+            home,
+            port=args.port,
+            driver_memory=args.driver_memory,
+            master=args.master,
+            timeout=args.timeout,
+            conf=conf,
         )
         took = f" in {time.monotonic() - began:.1f} s" if started else ""
         print(
