@@ -1,0 +1,164 @@
+"""Two Tidemark hosts against one PostgreSQL state store and one S3 lake (issue 26, item 4).
+
+Each host is a process tree with a host name of its own (a UTS namespace: `unshare -u`, so the
+leases see two machines, as two Dagster code servers or two cron hosts would be) running the
+CLI over and over on the same streams while the source is written to: `tidemark drain --all`
+in a loop, and each host's `tidemark transform --all` at the same moment. The stream's lease
+in the state store is all that keeps them apart. At the end every event is in exactly one
+committed batch, the change log holds each once, and each collection's `current` (read with
+delta-rs from S3) equals `find()`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from state import StateStore, TransformState
+from tests.helpers.delta_reading import current_documents, current_tables, query
+from tests.helpers.lake_reading import committed_table
+from tests.helpers.oracle import source_state
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = r"""
+import json, os, socket, subprocess, sys, time
+socket.sethostname(sys.argv[1])  # in its own UTS namespace: this tree's host name only
+deadline, transform_at = time.time() + float(sys.argv[2]), time.time() + float(sys.argv[3])
+tidemark = os.path.join(os.path.dirname(sys.executable), "tidemark")
+runs, transformed = [], False
+while time.time() < deadline:
+    if not transformed and time.time() >= transform_at:
+        command, transformed = "transform", True
+    else:
+        command = "drain"
+    done = subprocess.run([tidemark, command, "--all"], capture_output=True, text=True)
+    runs.append({"command": command, "code": done.returncode, "out": done.stdout[-1500:],
+                 "err": done.stderr[-1500:]})
+print(json.dumps({"host": socket.gethostname(), "runs": runs}))
+"""
+STREAMS = """\
+streams:
+  - name: orders
+    database: {db}
+    collection: orders
+  - name: items
+    database: {db}
+    collection: items
+"""
+
+
+def _host(name: str, env: dict[str, str], seconds: float, transform_after: float) -> dict:
+    done = subprocess.run(
+        ["unshare", "-u", sys.executable, "-c", HOST, name, str(seconds), str(transform_after)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, f"host {name}: {done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
+    mongod, client, raw_client, db_name, pg_schema_url, s3_lake, tmp_path
+) -> None:
+    if subprocess.run(["unshare", "-u", "true"], capture_output=True).returncode != 0:
+        pytest.fail("`unshare -u` is refused here: the two hosts need a UTS namespace each")
+    config = tmp_path / "streams.yaml"
+    config.write_text(STREAMS.format(db=db_name))
+    env = {
+        **os.environ,
+        "MONGODB_URI": mongod.uri,
+        "TIDEMARK_CONFIG": str(config),
+        "TIDEMARK_STATE_URL": pg_schema_url,
+        "TIDEMARK_LAKE": str(s3_lake),
+        "TIDEMARK_SPARK_MASTER": "local[1]",
+        "PYTHONPATH": str(ROOT),
+    }
+    # The streams start now, from one host, before anything is written.
+    first = subprocess.run(
+        [str(Path(sys.executable).parent / "tidemark"), "drain", "--all"],
+        env={**env, "TIDEMARK_HOME": str(tmp_path / "a")},
+        capture_output=True,
+        text=True,
+    )
+    assert first.returncode == 0, first.stderr
+
+    stop = threading.Event()
+    written = {"orders": 0, "items": 0}
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            for coll in written:
+                client[db_name][coll].insert_one({"_id": n, "v": n})
+                if n % 3 == 0:
+                    client[db_name][coll].update_one({"_id": n // 2}, {"$inc": {"v": 1}})
+                written[coll] += 1
+            n += 1
+            time.sleep(0.01)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    results: dict[str, dict] = {}
+    hosts = [
+        threading.Thread(
+            target=lambda h=h: results.update(
+                {h: _host(h, {**env, "TIDEMARK_HOME": str(tmp_path / h)}, 40, 10)}
+            )
+        )
+        for h in ("host-a", "host-b")
+    ]
+    for thread in hosts:
+        thread.start()
+    for thread in hosts:
+        thread.join()
+    stop.set()
+    writer.join()
+    # One host settles: drain to the end, then fold.
+    for command in ("drain", "transform"):
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "tidemark"), command, "--all"],
+            env={**env, "TIDEMARK_HOME": str(tmp_path / "host-a")},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    assert {r["host"] for r in results.values()} == {"host-a", "host-b"}
+    refused = [r for result in results.values() for r in result["runs"] if r["code"] != 0]
+    print(f"runs: {sum(len(r['runs']) for r in results.values())}, refused: {len(refused)}")
+    # The hosts did overlap on a stream, and the lease turned one away.
+    assert refused, "no run was refused: the hosts never met, so nothing was tested"
+    for host, result in results.items():
+        drains = [r for r in result["runs"] if r["command"] == "drain"]
+        # Each host did real work; a refusal is only ever the other host's lease.
+        assert any(r["code"] == 0 for r in drains), (host, drains[:3])
+        for run in result["runs"]:
+            if run["code"] != 0:
+                assert "lease" in (run["out"] + run["err"]).lower(), (host, run)
+    store = StateStore(pg_schema_url)
+    try:
+        for stream in ("orders", "items"):
+            ids = committed_table(store, s3_lake, stream).column("event_id").to_pylist()
+            assert len(ids) == len(set(ids)), f"{stream}: an event in two committed batches"
+            changes = [t for t in TransformState(store).tables(stream) if t.kind == "changes"]
+            logged = [
+                r["event_id"]
+                for t in changes
+                for r in query(s3_lake / t.path, "SELECT event_id FROM t")
+            ]
+            assert sorted(logged) == sorted(ids), f"{stream}: the change log differs from raw"
+            ((_, path),) = current_tables(store, s3_lake, stream).items()
+            assert current_documents(path) == source_state(raw_client, db_name, stream)
+        batches = [b.id for s in ("orders", "items") for b in store.batches(s)]
+        assert len(batches) > 4  # many runs committed, from both hosts' loops
+    finally:
+        store.close()
