@@ -71,6 +71,7 @@ def test_reset_to_the_future_is_refused(env, capsys):
 def test_gc_reports_removed_orphans(env, monkeypatch, capsys):
     # A classic master: Connect mode, once set, would hold for the rest of the test process.
     monkeypatch.setenv("TIDEMARK_SPARK_MASTER", "local[2]")
+    assert main(["drain", "orders"]) == 0  # registers the stream in this state store
     orphan = Path(env["lake"]) / "raw" / "orders" / "date=2026-01-01" / "hour=00" / "o.parquet"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"x")

@@ -113,12 +113,13 @@ def test_checkpoint_moves_only_from_the_version_a_run_started_from(store, make_s
 
 def test_gc_leaves_a_stream_alone_while_a_run_holds_its_lease(store, make_stream, lake):
     stream = make_stream()
+    store.ensure_stream_row(stream)  # a stream's row is there before its first file
     orphan = lake / "raw" / stream.name / "date=2026-01-01" / "hour=00" / "x-00000.parquet"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"orphan")
     lease = store.acquire_lease(stream.name, timedelta(minutes=5))
     sweeps = collect_garbage(lake, store, min_age_seconds=0)
-    assert sweeps[0].result is None and orphan.exists()
+    assert sweeps[0].result is None and "lease" in sweeps[0].note and orphan.exists()
     store.release_lease(lease)
     sweeps = collect_garbage(lake, store, min_age_seconds=0)
     assert sweeps[0].result.removed == [orphan.relative_to(lake).as_posix()]
@@ -151,3 +152,25 @@ def test_a_held_lease_names_the_work_its_holder_does(store, make_stream):
             store.acquire_lease(name, timedelta(minutes=5))
         message = str(held.value)
         assert f"Stream {stream.name!r} is {work} by another run" in message, message
+
+
+@pytest.mark.fast
+def test_gc_with_a_state_store_that_never_registered_a_stream_deletes_none_of_its_files(
+    tmp_path: Path, sqlite_store
+):
+    """A host whose TIDEMARK_STATE_URL is not the shared lake's (its own default SQLite, say)
+    sees every file of the lake as uncommitted: gc skips a stream its store never registered
+    rather than delete another store's committed files."""
+    import pyarrow as pa
+
+    from jobs.lake import write_parquet_atomic
+    from jobs.ops import collect_garbage
+    from jobs.ops.gc import UNKNOWN_STREAM
+
+    lake = tmp_path / "lake"
+    committed_elsewhere = lake / "raw" / "orders" / "date=2026-11-24" / "hour=10" / "b-0.parquet"
+    write_parquet_atomic(pa.table({"x": [1]}), committed_elsewhere)
+
+    (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0)
+    assert swept.stream == "orders" and swept.result is None and swept.note == UNKNOWN_STREAM
+    assert committed_elsewhere.exists()

@@ -133,3 +133,28 @@ def test_a_key_the_store_refuses_is_one_paragraph_before_anything_is_drained(
     assert "s3://denied-bucket/lake" in message and "Nothing was drained" in message
     assert "AWS_ACCESS_KEY_ID" in message and "not-the-secret" not in message
     assert "\n" not in message and "Traceback" not in message
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("s3://lake/team#b", "a query or a fragment"),  # once: s3://lake/team, another lake's
+        ("s3://lake/q?x", "a query or a fragment"),
+        ("s3://lake/a//b", "path segment"),
+        ("s3://lake/a/../b", "path segment"),
+    ],
+)
+def test_an_object_url_that_would_name_another_prefix_is_refused(url: str, problem: str):
+    with pytest.raises(LakeUrlUnsupported) as refused:
+        lake_path(url)
+    assert problem in str(refused.value) and url in str(refused.value)
+
+
+@pytest.mark.fast
+def test_credentials_in_a_lake_url_are_refused_and_never_printed():
+    with pytest.raises(LakeUrlUnsupported) as refused:
+        lake_path("s3://AKIAEXAMPLE:sekrit@lake/x")
+    message = str(refused.value)
+    assert "credentials" in message and "AWS_ACCESS_KEY_ID" in message
+    assert "sekrit" not in message and "AKIAEXAMPLE" not in message

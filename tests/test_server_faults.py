@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -13,8 +12,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from jobs.capture import drain, drain_until_caught_up
+from jobs.capture import writer as raw_writer
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
+from resources.processes import runs
 from state import StateStore
 from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
@@ -63,7 +64,9 @@ def test_state_store_gone_at_commit_moves_no_token_and_loses_nothing(
     proxy.cut()
 
 
-def test_mongod_killed_mid_drain_then_the_next_run_completes(tmp_path, sqlite_store, make_stream):
+def test_mongod_killed_mid_drain_then_the_next_run_completes(
+    tmp_path, sqlite_store, make_stream, monkeypatch
+):
     dbpath = tmp_path / "victim"
     server = start_mongod(dbpath)
     lake = tmp_path / "lake"
@@ -76,17 +79,24 @@ def test_mongod_killed_mid_drain_then_the_next_run_completes(tmp_path, sqlite_st
         writer.shop.orders.insert_many([{"_id": i, "pad": "x" * 1000} for i in range(60_000)])
         writer.close()
 
-        def kill_when_the_first_chunk_lands() -> None:
-            # The first chunk's file appears while the capture is still reading the rest.
-            while not any((lake / "raw").rglob("*.parquet")):
-                time.sleep(0.01)
-            os.kill(server.pid, signal.SIGKILL)
+        write = raw_writer.write_parquet_atomic
+        killed: list[int] = []
 
-        killer = threading.Thread(target=kill_when_the_first_chunk_lands)
-        killer.start()
+        def kill_after_the_first_chunk(table, final):  # type: ignore[no-untyped-def]
+            # In the drain's own thread, once its first file is in place and before it reads
+            # on: a thread watching for the file lost the race to the drain's end under load.
+            size = write(table, final)
+            if not killed:
+                os.kill(server.pid, signal.SIGKILL)
+                killed.append(server.pid)
+                while runs(server.pid, "mongod"):
+                    time.sleep(0.01)
+            return size
+
+        monkeypatch.setattr(raw_writer, "write_parquet_atomic", kill_after_the_first_chunk)
         with pytest.raises(MongoConnectionError) as failed:
             drain(stream, raw, sqlite_store, lake)
-        killer.join()
+        monkeypatch.undo()
         assert "became unreachable" in str(failed.value) and "nothing was committed" in str(
             failed.value
         )

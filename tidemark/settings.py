@@ -72,6 +72,7 @@ def lake_path(raw: str) -> LakePath:
         parts = urlsplit(raw)
         scheme = parts.scheme.lower()
         if scheme in SCHEMES and parts.netloc:
+            _check_object_url(raw, scheme)
             return ObjectPath.from_url(raw)
         if scheme != "file" or parts.netloc not in ("", "localhost"):
             raise LakeUrlUnsupported(
@@ -85,6 +86,31 @@ def lake_path(raw: str) -> LakePath:
             )
         raw = unquote(parts.path)
     return Path(raw).expanduser().resolve()
+
+
+def _check_object_url(raw: str, scheme: str) -> None:
+    """Refuse what an object URL must not carry: a part `urlsplit` would drop (`?`, `#`: the
+    lake would land in another lake's prefix), credentials (they belong in the environment,
+    and would be printed with the URL), or path segments a store keeps literally (`//`, `.`)."""
+    parts = urlsplit(raw)
+    userinfo = "@" in parts.netloc and scheme not in ("abfs", "abfss")
+    shown = f"{parts.scheme}://***@{parts.netloc.rsplit('@', 1)[-1]}/..." if userinfo else raw
+    segments = parts.path.strip("/").split("/") if parts.path.strip("/") else []
+    problem = None
+    if userinfo:
+        problem = "carries credentials in the URL"
+    elif parts.query or parts.fragment or raw.rstrip().endswith(("?", "#")):
+        problem = "has a query or a fragment ('?' or '#'), which is no part of an object key"
+    elif any(s in ("", ".", "..") for s in segments):
+        problem = "has an empty, '.' or '..' path segment"
+    if problem:
+        raise LakeUrlUnsupported(
+            f"TIDEMARK_LAKE ({shown}) {problem}: Tidemark writes nothing rather than guess "
+            "which prefix was meant.",
+            "Write it as scheme://bucket/prefix with plain path segments, and give the "
+            "credentials in the standard variables (AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE).",
+        )
 
 
 @dataclass(frozen=True)

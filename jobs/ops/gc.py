@@ -38,6 +38,12 @@ class StreamSweep:
     curated: list[str] | None = None  # files VACUUM deleted (None: not vacuumed)
 
 
+UNKNOWN_STREAM = (
+    "skipped: this state store never registered the stream (is TIDEMARK_STATE_URL the "
+    "lake's own?); nothing was deleted"
+)
+
+
 def lake_streams(lake_root: LakePath) -> list[str]:
     base = lake_root / RAW
     return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
@@ -52,7 +58,14 @@ def collect_garbage(
     """Sweep every stream of the lake; `spark` makes the session VACUUM runs in (asked for
     only when a stream has curated tables)."""
     sweeps = []
+    registered = set(store.stream_names())
     for stream in lake_streams(lake_root):
+        if stream not in registered:
+            # Its files are committed or not by another state store's batches (a host with
+            # the wrong TIDEMARK_STATE_URL sees a shared lake): to this one they would all
+            # look like orphans. A stream's row exists before its first file is written.
+            sweeps.append(StreamSweep(stream, None, UNKNOWN_STREAM))
+            continue
         held: list[Lease] = []
         try:
             for name in writer_leases(stream):
