@@ -38,6 +38,21 @@ def failing_job() -> None:
     drain_op()
 
 
+def _status_context(
+    sensor: dg.SensorDefinition,
+    instance: dg.DagsterInstance,
+    result: dg.ExecuteInProcessResult,
+    event: dg.DagsterEvent,
+) -> dg.RunStatusSensorContext:
+    """What the daemon would hand `sensor` for `result`'s run, at `event`."""
+    return dg.build_run_status_sensor_context(
+        sensor_name=sensor.name,
+        dagster_event=event,
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
+    )
+
+
 def _failed_run(instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     result = failing_job.execute_in_process(instance=instance, raise_on_error=False)
     assert not result.success
@@ -50,11 +65,8 @@ def test_a_failed_run_is_posted_naming_stream_job_error_and_link(monkeypatch):
         notifications = Notifications(webhook_url=f"${{{HOOK_ENV}}}", ui_url=UI + "/")
         result = _failed_run(instance)
         sensor = _sensors(notifications)["tidemark_run_failure_webhook"]
-        context = dg.build_run_status_sensor_context(
-            sensor_name=sensor.name,
-            dagster_event=result.get_run_failure_event(),
-            dagster_instance=instance,
-            dagster_run=result.dagster_run,
+        context = _status_context(
+            sensor, instance, result, result.get_run_failure_event()
         ).for_run_failure()
         sensor(context)
     [(path, body)] = receiver.posts
@@ -110,12 +122,7 @@ def test_failed_checks_of_a_successful_run_are_posted(monkeypatch, least):
         notifications = Notifications(webhook_url=receiver.url, check_severity=least)
         result = _run_with_checks(instance)
         sensor = _sensors(notifications)["tidemark_check_failure_webhook"]
-        context = dg.build_run_status_sensor_context(
-            sensor_name=sensor.name,
-            dagster_event=result.get_run_success_event(),
-            dagster_instance=instance,
-            dagster_run=result.dagster_run,
-        )
+        context = _status_context(sensor, instance, result, result.get_run_success_event())
         sensor(context)
     [text] = receiver.texts()
     assert text.startswith("Tidemark stream orders: check")
@@ -129,14 +136,7 @@ def test_a_run_whose_checks_pass_posts_nothing():
     with webhook_receiver() as receiver, dg.instance_for_test() as instance:
         result = _failed_run(instance)  # a failed run has no check evaluations at all
         sensor = _sensors(Notifications(webhook_url=receiver.url))["tidemark_check_failure_webhook"]
-        sensor(
-            dg.build_run_status_sensor_context(
-                sensor_name=sensor.name,
-                dagster_event=result.get_run_failure_event(),
-                dagster_instance=instance,
-                dagster_run=result.dagster_run,
-            )
-        )
+        sensor(_status_context(sensor, instance, result, result.get_run_failure_event()))
     assert receiver.posts == []
 
 
@@ -147,11 +147,8 @@ def test_an_unset_variable_or_a_dead_receiver_is_a_warning_never_an_exception(mo
         sensor = _sensors(Notifications(webhook_url=f"${{{HOOK_ENV}}}"))[
             "tidemark_run_failure_webhook"
         ]
-        context = dg.build_run_status_sensor_context(
-            sensor_name=sensor.name,
-            dagster_event=result.get_run_failure_event(),
-            dagster_instance=instance,
-            dagster_run=result.dagster_run,
+        context = _status_context(
+            sensor, instance, result, result.get_run_failure_event()
         ).for_run_failure()
         sensor(context)  # must not raise
         with webhook_receiver() as receiver:
