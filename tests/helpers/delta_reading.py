@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
+from resources.spark_lake import endpoint, region
 from state import StateStore, TransformState
 from tidemark.object_path import LakePath, ObjectPath
 
@@ -20,11 +21,12 @@ def delta_table(path: LakePath) -> DeltaTable:
     store: the standard variables, here the test server's)."""
     if not isinstance(path, ObjectPath):
         return DeltaTable(str(path))
-    options = {"AWS_REGION": os.environ.get("AWS_REGION", "us-east-1")}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options |= {"AWS_ENDPOINT_URL": endpoint, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
-        options["AWS_ALLOW_HTTP"] = str(endpoint.startswith("http:")).lower()
+    # The variables Tidemark's own Spark settings read (resources/spark_lake.py).
+    options = {"AWS_REGION": region(os.environ) or "us-east-1"}
+    url = endpoint(os.environ)
+    if url:
+        options |= {"AWS_ENDPOINT_URL": url, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
+        options["AWS_ALLOW_HTTP"] = str(url.startswith("http:")).lower()
     return DeltaTable(str(path), storage_options=options)
 
 

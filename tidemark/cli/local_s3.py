@@ -1,6 +1,6 @@
 """`tidemark s3 start|stop`: the local S3 server (SeaweedFS) that `make demo LAKE=s3` puts the
-lake on, its data under the Tidemark home. It serves the port AWS_ENDPOINT_URL names, as the
-key pair in the environment: the same variables every client of the lake reads."""
+lake on, its data under the Tidemark home. It serves the port of the S3 endpoint the lake's
+clients read (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL), as the key pair in the environment."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 from urllib.parse import urlsplit
 
 from resources.embedded_s3 import DEFAULT_PORT, running_s3, start_s3, stop_s3
+from resources.spark_lake import endpoint
 from tidemark.errors import EmbeddedS3Error
 from tidemark.settings import Settings
 
@@ -30,13 +31,14 @@ def s3_command(settings: Settings, action: str) -> int:
 
 
 def _port() -> int:
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    if not endpoint:
+    url = endpoint(os.environ)  # the one the lake's clients will use
+    if not url:
         return DEFAULT_PORT
-    parts = urlsplit(endpoint)
+    parts = urlsplit(url)
     if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
         raise EmbeddedS3Error(
-            f"AWS_ENDPOINT_URL is {endpoint}, which is not a port on this machine's loopback.",
-            "Unset it, or set it to http://127.0.0.1:PORT for the local S3 server.",
+            f"The S3 endpoint is {url}, which is not a port on this machine's loopback.",
+            "Unset AWS_ENDPOINT_URL_S3 and AWS_ENDPOINT_URL, or set them to "
+            "http://127.0.0.1:PORT for the local S3 server.",
         )
     return parts.port
