@@ -74,8 +74,10 @@ def write_parquet_atomic(table: pa.Table, final: LakePath) -> int:
     options = {"compression": "zstd", "coerce_timestamps": "us"}
     if isinstance(final, ObjectPath):
         try:
-            pq.write_table(table, final.fs_path, filesystem=final.fs, **options)
-            return final.stat().st_size
+            # The size from the upload itself: no second request to ask the store for it.
+            with final.fs.open_output_stream(final.fs_path) as sink:
+                pq.write_table(table, sink, **options)
+                return sink.tell()
         except OSError as exc:
             raise LakeError(
                 f"Writing {final} failed: {_first_line(exc)}.",

@@ -116,9 +116,6 @@ class ObjectPath:
     def is_dir(self) -> bool:
         return self._info().type == pafs.FileType.Directory
 
-    def is_file(self) -> bool:
-        return self._info().type == pafs.FileType.File
-
     def stat(self) -> ObjectStat:
         info = self._info()
         if info.type == pafs.FileType.NotFound:
@@ -148,9 +145,6 @@ class ObjectPath:
             if info.type == pafs.FileType.File
         ]
 
-    def rglob(self, pattern: str) -> list[ObjectPath]:
-        return [p for p, _ in self._children(recursive=True) if fnmatch.fnmatch(p.name, pattern)]
-
     def read_bytes(self) -> bytes:
         with self.fs.open_input_stream(self.fs_path) as stream:
             return stream.read()
@@ -168,9 +162,6 @@ class ObjectPath:
         except FileNotFoundError:
             if not missing_ok:
                 raise
-
-    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
-        """Nothing to make: a key's prefixes exist while an object lies under them."""
 
 
 def _seconds(moment: datetime | None) -> float:
