@@ -28,7 +28,7 @@ from orchestration.maintenance import gc_job, gc_schedule
 from orchestration.notifications import notification_sensors
 from orchestration.replay_reach import replay_reach_check
 from orchestration.resources import env_resources
-from orchestration.schedules import stream_jobs, sync_schedule
+from orchestration.schedules import drain_schedule, stream_jobs
 from orchestration.transform_assets import stream_tables, transform_asset
 from tidemark.config import BrokenStream, StreamsFile, TidemarkConfig, load_streams
 from tidemark.errors import ConfigError
@@ -74,7 +74,7 @@ def build_definitions(
         jobs=[job for stream in streams for job in stream_jobs(stream)]
         + [compaction_job(stream) for stream in streams if stream.current_table]
         + [gc_job(list(streams))],
-        schedules=[sync_schedule(stream) for stream in streams] + [gc_schedule()],
+        schedules=[drain_schedule(stream) for stream in streams] + [gc_schedule()],
         sensors=[compaction_sensor(stream) for stream in streams if stream.current_table]
         + [sensor for _, _, sensor in reports]
         + [automation_sensor()]

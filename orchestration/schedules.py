@@ -73,7 +73,7 @@ def stream_jobs(stream: StreamConfig) -> list[AssetJob]:
     return [drain_job(stream), sync_job(stream), replay_job(stream), resnapshot_job(stream)]
 
 
-def sync_schedule(stream: StreamConfig) -> dg.ScheduleDefinition:
+def drain_schedule(stream: StreamConfig) -> dg.ScheduleDefinition:
     """The drain job on the stream's `schedule:` cron (UTC), on by default."""
     return dg.ScheduleDefinition(
         name=f"{stream.name}_schedule",

@@ -22,6 +22,10 @@ from tidemark.errors import CurrentTableBehind, LeaseLost, TidemarkError
 # -- 4: deleted documents never come back -----------------------------------------------------
 
 
+class _Killed(Exception):
+    """The crash a test injects: raised by the test alone, so a Spark or Delta error fails it."""
+
+
 def test_an_insert_replayed_after_its_delete_does_not_resurrect_the_document(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
@@ -374,9 +378,9 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
     }
 
     def die():
-        raise RuntimeError("killed between OPTIMIZE and the commit")
+        raise _Killed("killed between OPTIMIZE and the commit")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(_Killed):
         compact(spark, sqlite_store, lake, stream, before_commit=die)
     assert [(v.version, v.kind) for v in tstate.versions(stream.name)] == [
         (1, "merge"),
