@@ -1,4 +1,4 @@
-"""The long soak of the torture harness (tests/helpers/torture.py) on its own mongod.
+"""The long soak of the torture harness (tests/helpers/torture/) on its own mongod.
 
     PYTHONPATH=. python scripts/soak.py [--seed N] [--minutes M] [--streams a,b,...]
                                         [--history-lost] [--keep]

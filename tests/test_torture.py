@@ -1,6 +1,6 @@
 """The torture test at CI size: steady writers, random interleavings of drains, replays,
 resnapshots, gc and transforms (some in child processes SIGKILLed at random moments), and the
-oracle of tests/helpers/torture.py at the end. A failure prints the seed, the checks that
+oracle of tests/helpers/torture/ at the end. A failure prints the seed, the checks that
 failed with their first differences, and the step log; `scripts/soak.py` runs it longer."""
 
 from __future__ import annotations
