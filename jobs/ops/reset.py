@@ -48,7 +48,7 @@ def reset_stream(
             )
         description = f"time {to_time.isoformat()}"
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(stream.name, RESET_LEASE_TTL)
+    lease = store.acquire_lease(stream.name, "capture", RESET_LEASE_TTL)
     try:
         store.reset_checkpoint(
             lease,
