@@ -139,7 +139,7 @@ def seed(state_url: str, streams: int, collections: int) -> None:
                 kind="merge",
                 base_version=1,
             )
-            lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
+            lease = store.acquire_lease(stream.name, "transform", TRANSFORM_LEASE_TTL)
             try:
                 tstate.commit(lease, stream.name, None, run, [], tables)
             finally:

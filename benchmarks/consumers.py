@@ -143,7 +143,7 @@ def tidemark_drain(
             budget={"max_events": None, "max_bytes": None, "max_seconds": None},
         )
         checkpoint = store.ensure_stream(stream)
-        lease = store.acquire_lease(stream.name, timedelta(minutes=1))
+        lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=1))
         store.commit_batch(lease, checkpoint.version, None, NewPosition(token=token_to_json(token)))
         store.release_lease(lease)
         client = connect(uri, raw=True)

@@ -272,7 +272,7 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
             name="quiet", database="bench", collection="quiet", max_await_time_ms=1000
         )
         checkpoint = store.ensure_stream(stream)
-        lease = store.acquire_lease("quiet", timedelta(minutes=1))
+        lease = store.acquire_lease("quiet", "capture", timedelta(minutes=1))
         store.commit_batch(lease, checkpoint.version, None, NewPosition(token=token))
         store.release_lease(lease)
         drain(stream, raw, store, Path(work) / "lake")  # catch up with the workload, untimed

@@ -3,6 +3,7 @@ operation time); the transform's are in `orchestration.transform_assets`."""
 
 import warnings
 from datetime import datetime
+from typing import Any
 
 import dagster as dg
 
@@ -61,15 +62,9 @@ def stream_assets(
     stream: StreamConfig, first_checkpoint: datetime | None = None
 ) -> list[dg.AssetsDefinition]:
     k = keys(stream)
-    meta = {"namespace": stream.namespace, "scope": stream.scope}
+    raw_zone = _raw_zone_asset(stream)
 
-    @dg.asset(
-        key=k["raw_changes"],
-        group_name=stream.name,
-        pool=pool(stream),
-        kinds={"mongodb", "parquet"},
-        metadata=meta,
-    )
+    @dg.asset(key=k["raw_changes"], **raw_zone)
     def raw_changes(
         context: dg.AssetExecutionContext,
         config: DrainConfig,
@@ -103,24 +98,32 @@ def stream_assets(
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        replay_window = _replay_asset(stream, k, meta, first_checkpoint)
+        replay_window = _replay_asset(stream, k, raw_zone, first_checkpoint)
     return [raw_changes, replay_window]
+
+
+def _raw_zone_asset(stream: StreamConfig) -> dict[str, Any]:
+    """What both assets of a stream's raw zone (`raw_changes`, `replay`) are: in the stream's
+    group and its pool (so they never write at once), of the same kinds and metadata."""
+    return {
+        "group_name": stream.name,
+        "pool": pool(stream),
+        "kinds": {"mongodb", "parquet"},
+        "metadata": {"namespace": stream.namespace, "scope": stream.scope},
+    }
 
 
 def _replay_asset(
     stream: StreamConfig,
     k: dict[str, dg.AssetKey],
-    meta: dict[str, str],
+    raw_zone: dict[str, Any],
     first_checkpoint: datetime | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         key=k["replay"],
-        group_name=stream.name,
         partitions_def=replay_partitions(stream, first_checkpoint),
         backfill_policy=dg.BackfillPolicy.single_run(),
-        pool=pool(stream),
-        kinds={"mongodb", "parquet"},
-        metadata=meta,
+        **raw_zone,
     )
     def replay_window(
         context: dg.AssetExecutionContext,

@@ -9,13 +9,11 @@ whole group. Plain functions, no Dagster import: the command line is the caller'
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import subprocess
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from resources.daemon_record import exclusive_lock, load_record, save_record
 from resources.processes import group_members, runs, terminate_group
 from tidemark.errors import DagsterUiRunning
 
@@ -66,7 +64,7 @@ def start_ui(
             )
         process = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
         ui = DagsterUi(pid=process.pid, host=host, port=port)
-        _state_file(home).write_text(json.dumps(asdict(ui)))
+        save_record(_state_file(home), ui)
         return ui, process
 
 
@@ -89,15 +87,8 @@ def forget(home: Path, ui: DagsterUi) -> None:
 
 
 def _load(home: Path) -> DagsterUi | None:
-    try:
-        return DagsterUi(**json.loads(_state_file(home).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    return load_record(_state_file(home), DagsterUi)
 
 
-@contextlib.contextmanager
-def _lock(home: Path) -> Iterator[None]:
-    ui_dir(home).mkdir(parents=True, exist_ok=True)
-    with open(ui_dir(home) / "ui.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+def _lock(home: Path) -> contextlib.AbstractContextManager[None]:
+    return exclusive_lock(ui_dir(home) / "ui.lock")

@@ -12,17 +12,15 @@ Python UDF workers running this venv's interpreter. Its state, pid file and logs
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from resources.daemon_record import exclusive_lock, load_record, save_record
 from resources.delta import DELTA_VERSION
 from resources.processes import free_port, listens_on, port_free, runs, terminate
 from resources.spark import (
@@ -240,7 +238,7 @@ def _launch(
         project=str(_PROJECT_ROOT),
         delta=DELTA_VERSION,
     )
-    _state_file(home).write_text(json.dumps(asdict(server)))
+    save_record(_state_file(home), server)
     return server
 
 
@@ -333,10 +331,7 @@ def _check_same_code(server: ConnectServer) -> None:
 
 
 def _load(home: Path) -> ConnectServer | None:
-    try:
-        return ConnectServer(**json.loads(_state_file(home).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None  # none yet, or damaged: treated as no server
+    return load_record(_state_file(home), ConnectServer)
 
 
 def _read_pid(home: Path) -> int | None:
@@ -346,10 +341,6 @@ def _read_pid(home: Path) -> int | None:
         return None
 
 
-@contextlib.contextmanager
-def _start_lock(home: Path) -> Iterator[None]:
+def _start_lock(home: Path) -> contextlib.AbstractContextManager[None]:
     """Two `start`s at once (make ui in one shell, make demo in another) start one server."""
-    server_dir(home).mkdir(parents=True, exist_ok=True)
-    with open(server_dir(home) / "start.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    return exclusive_lock(server_dir(home) / "start.lock")

@@ -1,12 +1,13 @@
 """Leases with fencing: one writer per stream, and a stale writer can never commit.
 
-A lease row per name ("<stream>", "replay:<stream>", "transform:<stream>") holds its owner,
-an expiry and an epoch. Taking a lease over grows the epoch; every commit first *fences*: it
+A lease row per stream and kind (`LeaseKind`: capture, replay, transform) holds its owner, an
+expiry and an epoch. Taking a lease over grows the epoch; every commit first *fences*: it
 extends the lease only if owner and epoch are still the ones it was granted, inside the
 commit's own transaction, so a run whose lease was taken over commits nothing.
 
-This module is the one place that knows how long leases last (the `*_LEASE_TTL` constants).
-Every function takes the open transaction's connection; the store opens the transactions.
+This module is the one place that knows how a lease row is named (`lease_name`,
+`parse_lease_name`) and how long leases last (the `*_LEASE_TTL` constants). Every function
+takes the open transaction's connection; the store opens the transactions.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from state import schema
-from state.records import Lease
+from state.records import Lease, LeaseKind
 from state.schema import utc_now
 from tidemark.errors import LeaseHeld, LeaseLost
 
@@ -36,9 +37,34 @@ TRANSFORM_LEASE_TTL = timedelta(minutes=30)
 # a minute at most.
 RESET_LEASE_TTL = timedelta(minutes=1)
 
+# Every lease under which files of a stream's raw zone are written (the drain's, which its
+# snapshots share, and the replay's): gc holds them all while it sweeps.
+RAW_WRITER_KINDS: tuple[LeaseKind, ...] = ("capture", "replay")
 
-def acquire(conn: Connection, stream: str, ttl: timedelta, owner: str | None) -> Lease:
-    """Take the lease named `stream` for `ttl`, or fail fast.
+# A lease row's name is its kind's prefix and the stream's name. The capture lease is named
+# by the stream alone: it was the only lease once, and stores keep these names as they are.
+_PREFIX: dict[LeaseKind, str] = {"capture": "", "replay": "replay:", "transform": "transform:"}
+
+
+def lease_name(stream: str, kind: LeaseKind) -> str:
+    """The name of `stream`'s lease of `kind` in the leases table ("orders",
+    "replay:orders", "transform:orders")."""
+    return _PREFIX[kind] + stream
+
+
+def parse_lease_name(name: str) -> tuple[str, LeaseKind] | None:
+    """The stream and kind a lease row's name stands for; None for a name no kind makes."""
+    prefix, colon, stream = name.rpartition(":")  # stream names are slugs: no colon
+    for kind, kind_prefix in _PREFIX.items():
+        if prefix + colon == kind_prefix:
+            return stream, kind
+    return None
+
+
+def acquire(
+    conn: Connection, stream: str, kind: LeaseKind, ttl: timedelta, owner: str | None
+) -> Lease:
+    """Take `stream`'s lease of `kind` for `ttl`, or fail fast.
 
     1. No row yet: insert one at epoch 1 (a concurrent first taker loses on the primary key).
     2. A row held by a live owner and not expired: refuse.
@@ -53,13 +79,14 @@ def acquire(conn: Connection, stream: str, ttl: timedelta, owner: str | None) ->
     owner = owner or f"{host}:{pid}:{uuid.uuid4().hex[:8]}"
     now = utc_now()
     leases = schema.leases
-    row = conn.execute(select(leases).where(leases.c.stream == stream).with_for_update()).first()
+    name = lease_name(stream, kind)
+    row = conn.execute(select(leases).where(leases.c.stream == name).with_for_update()).first()
     if row is None:
         try:
             with conn.begin_nested():
                 conn.execute(
                     insert(leases).values(
-                        stream=stream,
+                        stream=name,
                         owner=owner,
                         host=host,
                         pid=pid,
@@ -69,13 +96,13 @@ def acquire(conn: Connection, stream: str, ttl: timedelta, owner: str | None) ->
                     )
                 )
         except IntegrityError:
-            raise _held(stream, None) from None
-        return Lease(stream, owner, 1)
+            raise _held(stream, kind, None) from None
+        return Lease(stream, kind, owner, 1)
     if row.owner is not None and row.expires_at > now and not _dead_local(row.host, row.pid):
-        raise _held(stream, row)
+        raise _held(stream, kind, row)
     done = conn.execute(
         update(leases)
-        .where(leases.c.stream == stream, leases.c.epoch == row.epoch)
+        .where(leases.c.stream == name, leases.c.epoch == row.epoch)
         .values(
             owner=owner,
             host=host,
@@ -86,8 +113,8 @@ def acquire(conn: Connection, stream: str, ttl: timedelta, owner: str | None) ->
         )
     )
     if done.rowcount != 1:
-        raise _held(stream, row)
-    return Lease(stream, owner, row.epoch + 1)
+        raise _held(stream, kind, row)
+    return Lease(stream, kind, owner, row.epoch + 1)
 
 
 def fence(conn: Connection, lease: Lease, ttl: timedelta) -> None:
@@ -101,7 +128,7 @@ def fence(conn: Connection, lease: Lease, ttl: timedelta) -> None:
     done = conn.execute(
         update(leases)
         .where(
-            leases.c.stream == lease.stream,
+            leases.c.stream == lease_name(lease.stream, lease.kind),
             leases.c.epoch == lease.epoch,
             leases.c.owner == lease.owner,
         )
@@ -109,8 +136,9 @@ def fence(conn: Connection, lease: Lease, ttl: timedelta) -> None:
     )
     if done.rowcount != 1:
         raise LeaseLost(
-            f"This run's lease on stream {lease.stream!r} (epoch {lease.epoch}) was taken "
-            "over by another run, so its commit was refused and its checkpoint not moved.",
+            f"This run's {lease.kind} lease on stream {lease.stream!r} (epoch {lease.epoch}) "
+            "was taken over by another run, so its commit was refused and its checkpoint not "
+            "moved.",
             "Nothing is lost: the other run drains the same events. If runs keep losing "
             "their lease, raise the lease time or lower the run budget.",
         )
@@ -121,22 +149,24 @@ def release(conn: Connection, lease: Lease) -> None:
     leases = schema.leases
     conn.execute(
         update(leases)
-        .where(leases.c.stream == lease.stream, leases.c.epoch == lease.epoch)
+        .where(
+            leases.c.stream == lease_name(lease.stream, lease.kind),
+            leases.c.epoch == lease.epoch,
+        )
         .values(owner=None, expires_at=utc_now())
     )
 
 
-# What the holder of a lease is doing, by the lease name's prefix (see the module docstring).
-_WORK = {
-    "": ("drain", "drained"),
+# What the holder of a lease of each kind is doing, as a held lease's message says it.
+_WORK: dict[LeaseKind, tuple[str, str]] = {
+    "capture": ("drain", "drained"),
     "transform": ("transform", "transformed"),
     "replay": ("replay", "replayed"),
 }
 
 
-def _held(name: str, row: Any) -> LeaseHeld:
-    kind, _, stream = name.rpartition(":")  # stream names are slugs: no colon
-    verb, done = _WORK.get(kind, ("use", "used"))
+def _held(stream: str, kind: LeaseKind, row: Any) -> LeaseHeld:
+    verb, done = _WORK[kind]
     who = f" by {row.owner} since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC" if row else ""
     until = f", until {row.expires_at:%H:%M:%S} UTC at the latest" if row else ""
     return LeaseHeld(
@@ -167,7 +197,7 @@ def _dead_local(host: str | None, pid: int | None) -> bool:
 def lease_rows(conn: Connection) -> list[dict[str, Any]]:
     """Every lease row (name, owner, acquired_at, expires_at): a released lease keeps when it
     was taken and, as its expiry, when it was given up, so it tells how long its last holder
-    ran."""
+    ran. The name is the row's, as stored: `parse_lease_name` tells its stream and kind."""
     leases = schema.leases
     query = select(leases.c.stream, leases.c.owner, leases.c.acquired_at, leases.c.expires_at)
     return [dict(row._mapping) for row in conn.execute(query)]

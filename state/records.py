@@ -25,6 +25,12 @@ SnapshotStatus = Literal["running", "done", "superseded"]  # superseded: restart
 # rows of the keys it touched, read merged over its base), or a compaction's new base.
 VersionKind = Literal["base", "delta", "compaction", "merge"]  # merge: Delta tables
 
+# The work a lease guards; a stream has one lease of each kind. "capture": a drain, its
+# snapshots and `tidemark reset` (every checkpoint move); "replay": a replay of a past window;
+# "transform": transform runs and compactions. gc holds all three while it sweeps. Each is a
+# row of its own, named by `state.leases.lease_name`.
+LeaseKind = Literal["capture", "replay", "transform"]
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -49,7 +55,8 @@ class Checkpoint:
 class Lease:
     """A granted lease: the epoch is the fencing token every commit under it is checked by."""
 
-    stream: str
+    stream: str  # the stream's name, whatever the kind
+    kind: LeaseKind
     owner: str
     epoch: int
 

@@ -89,7 +89,7 @@ checkpoints = Table(
 leases = Table(
     "tidemark_leases",
     metadata,
-    Column("stream", String(100), primary_key=True),  # a stream, or "transform:<stream>"
+    Column("stream", String(100), primary_key=True),  # the lease's name: `leases.lease_name`
     Column("owner", String(200)),  # NULL when released
     Column("host", String(200)),
     Column("pid", Integer),

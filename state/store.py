@@ -31,6 +31,7 @@ from state.records import (
     BatchSource,
     Checkpoint,
     Lease,
+    LeaseKind,
     NewPosition,
     SnapshotRecord,
 )
@@ -154,9 +155,11 @@ class StateStore:
 
     # -- leases --------------------------------------------------------------------------
 
-    def acquire_lease(self, stream: str, ttl: timedelta, owner: str | None = None) -> Lease:
-        """Take the lease named `stream` for `ttl` (a `*_LEASE_TTL` of `state.leases`), or fail
-        fast.
+    def acquire_lease(
+        self, stream: str, kind: LeaseKind, ttl: timedelta, owner: str | None = None
+    ) -> Lease:
+        """Take `stream`'s lease of `kind` for `ttl` (a `*_LEASE_TTL` of `state.leases`), or
+        fail fast.
 
         A lease past its expiry, or held by a process of this host that no longer exists
         (a crashed run), is taken over; the epoch grows so the old holder can never commit.
@@ -166,7 +169,7 @@ class StateStore:
             StateStoreError: the database failed.
         """
         with self.transaction("lease acquisition") as conn:
-            return leases.acquire(conn, stream, ttl, owner)
+            return leases.acquire(conn, stream, kind, ttl, owner)
 
     def renew_lease(self, lease: Lease, ttl: timedelta) -> None:
         """Extend `lease` by `ttl` from now, if it is still this run's.

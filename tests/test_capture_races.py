@@ -129,7 +129,7 @@ def test_a_checkpoint_holding_an_unflagged_invalidate_token_resumes_with_start_a
     client[db_name]["orders"].insert_one({"_id": "before-drop"})  # a collection to drop
     client[db_name]["orders"].drop()
     token = _invalidate_token(raw_client, db_name, start)
-    lease = sqlite_store.acquire_lease(stream.name, timedelta(minutes=1))
+    lease = sqlite_store.acquire_lease(stream.name, "capture", timedelta(minutes=1))
     from state import NewPosition
 
     sqlite_store.commit_batch(

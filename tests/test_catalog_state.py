@@ -45,7 +45,7 @@ def _run(store, stream: str, number: int, tables: list[tuple[str, str, str, str]
         )
         for db, coll, kind, s in tables
     ]
-    lease = store.acquire_lease(f"transform:{stream}", timedelta(minutes=5))
+    lease = store.acquire_lease(stream, "transform", timedelta(minutes=5))
     try:
         TransformState(store).commit(lease, stream, number - 1 or None, run, [], records)
     finally:

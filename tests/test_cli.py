@@ -152,7 +152,7 @@ def test_transform_then_tables_without_dagster(env, spark, monkeypatch, client, 
     assert spark.read.format("delta").load(str(path)).count() == 20
 
     store = StateStore(env["state_url"])
-    lease = store.acquire_lease("transform:orders", timedelta(minutes=5))  # a running transform
+    lease = store.acquire_lease("orders", "transform", timedelta(minutes=5))  # a running transform
     try:
         assert main(["transform", "orders"]) == 2
         assert "lease held" in capsys.readouterr().err

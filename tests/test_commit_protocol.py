@@ -15,6 +15,7 @@ import pytest
 from jobs.capture import drain
 from jobs.ops import collect_garbage
 from state import NewPosition, StateStore
+from state.leases import lease_name, parse_lease_name
 from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.errors import CheckpointConflict, LeaseHeld, LeaseLost
@@ -88,8 +89,8 @@ def test_two_concurrent_drains_one_fails_fast_no_double_commit(
 def test_a_run_whose_lease_was_taken_over_cannot_commit(store, make_stream):
     stream = make_stream()
     checkpoint = store.ensure_stream(stream)
-    zombie = store.acquire_lease(stream.name, timedelta(seconds=-1))  # already expired
-    usurper = store.acquire_lease(stream.name, timedelta(minutes=5))
+    zombie = store.acquire_lease(stream.name, "capture", timedelta(seconds=-1))  # already expired
+    usurper = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     assert usurper.epoch == zombie.epoch + 1
 
     position = NewPosition(token='{"_data": "82AA"}', cluster_time=1)
@@ -103,7 +104,7 @@ def test_a_run_whose_lease_was_taken_over_cannot_commit(store, make_stream):
 def test_checkpoint_moves_only_from_the_version_a_run_started_from(store, make_stream):
     stream = make_stream()
     checkpoint = store.ensure_stream(stream)
-    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     first = NewPosition(token='{"_data": "82AA"}', cluster_time=1)
     store.commit_batch(lease, checkpoint.version, None, first)
     with pytest.raises(CheckpointConflict):
@@ -117,7 +118,7 @@ def test_gc_leaves_a_stream_alone_while_a_run_holds_its_lease(store, make_stream
     orphan = lake / "raw" / stream.name / "date=2026-01-01" / "hour=00" / "x-00000.parquet"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"orphan")
-    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     sweeps = collect_garbage(lake, store, min_age_seconds=0)
     assert sweeps[0].result is None and "lease" in sweeps[0].note and orphan.exists()
     store.release_lease(lease)
@@ -131,9 +132,9 @@ def test_two_store_handles_share_one_lease(state_url, make_stream):
     a, b = StateStore(state_url), StateStore(state_url)
     try:
         a.ensure_stream(stream)
-        a.acquire_lease(stream.name, timedelta(minutes=5))
+        a.acquire_lease(stream.name, "capture", timedelta(minutes=5))
         with pytest.raises(LeaseHeld):
-            b.acquire_lease(stream.name, timedelta(minutes=5))
+            b.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     finally:
         a.close()
         b.close()
@@ -142,16 +143,39 @@ def test_two_store_handles_share_one_lease(state_url, make_stream):
 def test_a_held_lease_names_the_work_its_holder_does(store, make_stream):
     stream = make_stream()
     store.ensure_stream(stream)
-    for name, work in (
-        (stream.name, "being drained"),
-        (f"transform:{stream.name}", "being transformed"),
-        (f"replay:{stream.name}", "being replayed"),
+    for kind, work in (
+        ("capture", "being drained"),
+        ("transform", "being transformed"),
+        ("replay", "being replayed"),
     ):
-        store.acquire_lease(name, timedelta(minutes=5))
+        store.acquire_lease(stream.name, kind, timedelta(minutes=5))
         with pytest.raises(LeaseHeld) as held:
-            store.acquire_lease(name, timedelta(minutes=5))
+            store.acquire_lease(stream.name, kind, timedelta(minutes=5))
         message = str(held.value)
         assert f"Stream {stream.name!r} is {work} by another run" in message, message
+
+
+@pytest.mark.fast
+def test_lease_rows_keep_their_names_and_a_lost_lease_names_its_stream_and_work(sqlite_store):
+    # The names stores have always held, so a store written by an older release still works.
+    for kind, name in (
+        ("capture", "orders"),
+        ("replay", "replay:orders"),
+        ("transform", "transform:orders"),
+    ):
+        assert lease_name("orders", kind) == name
+        assert parse_lease_name(name) == ("orders", kind)
+    assert parse_lease_name("incremental:orders") is None
+
+    zombie = sqlite_store.acquire_lease("orders", "transform", timedelta(seconds=-1))
+    usurper = sqlite_store.acquire_lease("orders", "transform", timedelta(minutes=5))
+    assert (usurper.stream, usurper.kind, usurper.epoch) == ("orders", "transform", 2)
+    with pytest.raises(LeaseLost) as lost:
+        sqlite_store.renew_lease(zombie, timedelta(minutes=5))
+    message = str(lost.value)
+    assert "This run's transform lease on stream 'orders' (epoch 1)" in message, message
+    assert "transform:orders" not in message
+    assert [row["stream"] for row in sqlite_store.lease_rows()] == ["transform:orders"]
 
 
 @pytest.mark.fast

@@ -26,7 +26,7 @@ def _commit(store, stream: str, number: int, kind: str, folded: int, rows: int) 
         kind=kind,
         base_version=number,
     )
-    lease = store.acquire_lease(f"transform:{stream}", timedelta(minutes=5))
+    lease = store.acquire_lease(stream, "transform", timedelta(minutes=5))
     try:
         TransformState(store).commit(lease, stream, number - 1 or None, run, [])
     finally:

@@ -15,13 +15,13 @@ from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oplog import roll_oplog_past
 from tidemark.errors import (
+    EventTooLarge,
     HistoryLost,
     LakeError,
     MongoConnectionError,
     ReplicaSetRequired,
     StateStoreError,
     StreamDefinitionChanged,
-    TidemarkError,
 )
 from tidemark.tokens import datetime_to_ts, pack_ts
 
@@ -182,7 +182,7 @@ def test_an_event_over_16_mb_is_a_clear_error_and_nothing_is_committed(
     kept = sqlite_store.checkpoint(stream.name)
     client[db_name]["orders"].insert_one({"_id": 1, "blob": "x" * (9 << 20)})
     client[db_name]["orders"].update_one({"_id": 1}, {"$set": {"small": 1}})
-    with pytest.raises(TidemarkError) as refused:
+    with pytest.raises(EventTooLarge) as refused:
         drain(stream, raw_client, sqlite_store, lake)
     message = str(refused.value)
     assert "larger than MongoDB's 16 MB limit" in message

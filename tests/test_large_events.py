@@ -28,7 +28,7 @@ from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state
 from tests.helpers.split_events import fragment_tokens, rebuild, watched_fragments
-from tidemark.errors import TidemarkError
+from tidemark.errors import SplitStageRequired
 from tidemark.tokens import token_from_json
 
 pytestmark = pytest.mark.servers("6.0.27")
@@ -300,7 +300,7 @@ def test_a_split_events_token_needs_the_split_stage_to_resume(
     assert make_stream(**IMAGES, split_large_events=False).fingerprint() != stream.fingerprint()
     assert make_stream(**IMAGES).fingerprint() == stream.fingerprint()
     # The server's own refusal, for a run that went past the guard, names the fix.
-    with pytest.raises(TidemarkError, match="split_large_events: true"):
+    with pytest.raises(SplitStageRequired, match="split_large_events: true"):
         capture_pass(
             stream.model_copy(update={"split_large_events": False}),
             raw_client,

@@ -72,17 +72,17 @@ def _history(store: StateStore, stream: StreamConfig) -> None:
     """Three drain batches and a replay batch; two transform runs making three table versions;
     every lease released (so its last holding has a duration)."""
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     for i, (events, size) in enumerate([(3, 300), (5, 500), (7, 700)]):
         store.commit_batch(
             lease, None, _batch(stream.name, f"d{i}", "incremental", events, size), None
         )
     store.release_lease(lease)
-    replay = store.acquire_lease(f"replay:{stream.name}", timedelta(minutes=5))
+    replay = store.acquire_lease(stream.name, "replay", timedelta(minutes=5))
     store.commit_batch(replay, None, _batch(stream.name, "r0", "replay", 11, 1100), None)
     store.release_lease(replay)
     runs = TransformState(store)
-    transform = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    transform = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
 
     def table(run: int, coll: str, kind: str, version: int, rows: int) -> CuratedTable:
         path = f"curated/{stream.name}/shop/{coll}/{kind}"
@@ -114,7 +114,7 @@ def test_a_scrape_reports_the_state_store_and_a_down_source_without_credentials(
     store = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
     orders, quiet = _stream(), _stream("quiet")
     _history(store, orders)
-    held = store.acquire_lease(f"transform:{orders.name}", timedelta(minutes=5))  # under way
+    held = store.acquire_lease(orders.name, "transform", timedelta(minutes=5))  # under way
     uri = f"mongodb://tm:hunter2@127.0.0.1:{_closed_port()}/?replicaSet=rs0"
     collector = TidemarkCollector(
         [orders, quiet], store, lambda: connect(uri, timeout_ms=300, raw=True)

@@ -41,7 +41,7 @@ def test_schema_installs_once_and_refuses_another_version(state_url):
 def test_manifest_round_trip(store, make_stream):
     stream = make_stream()
     checkpoint = store.ensure_stream(stream)
-    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     batch = BatchRecord(
         id=new_batch_id(),
         stream=stream.name,
@@ -77,7 +77,7 @@ def test_manifest_round_trip(store, make_stream):
 def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
     old = make_stream()
     checkpoint = store.ensure_stream(old)
-    lease = store.acquire_lease(old.name, timedelta(minutes=5))
+    lease = store.acquire_lease(old.name, "capture", timedelta(minutes=5))
     store.commit_batch(lease, checkpoint.version, None, NewPosition(token='{"_data": "82A"}'))
     new = make_stream(full_document="whenAvailable", current_table=False)
     store.reset_checkpoint(
@@ -121,11 +121,11 @@ def test_last_batch_is_the_newest_committed_of_the_stream(store, make_stream):
     store.ensure_stream(orders)
     store.ensure_stream(users)
     assert store.last_batch(orders.name) is None
-    lease = store.acquire_lease(orders.name, timedelta(minutes=5))
+    lease = store.acquire_lease(orders.name, "capture", timedelta(minutes=5))
     # Ids sort against commit order: the newest is the newest committed, not the largest id.
     for batch_id in ("z-first", "m-second", "a-third"):
         store.commit_batch(lease, None, _batch(batch_id, orders.name, f"{batch_id}.parquet"), None)
-    other = store.acquire_lease(users.name, timedelta(minutes=5))
+    other = store.acquire_lease(users.name, "capture", timedelta(minutes=5))
     store.commit_batch(other, None, _batch("zz-users", users.name, "users.parquet"), None)
     newest = store.last_batch(orders.name)
     assert newest is not None and newest.id == "a-third"
@@ -153,7 +153,7 @@ def _snapshot(snapshot_id: str, stream: str, started_at: datetime) -> SnapshotRe
 def test_running_snapshot_is_the_newest_still_running(store, make_stream):
     stream = make_stream()
     store.ensure_stream(stream)
-    lease = store.acquire_lease(stream.name, timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     assert store.running_snapshot(stream.name) is None
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     for n, snapshot_id in enumerate(("s-z", "s-m", "s-a")):
@@ -189,7 +189,7 @@ def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, ma
     stream = make_stream()
     store.ensure_stream(stream)
     runs = TransformState(store)
-    lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
 
     def table(run: int, coll: str, version: int, rows: int) -> CuratedTable:
         path = f"curated/{stream.name}/db/{coll}/current"
@@ -213,7 +213,7 @@ def test_change_log_runs_are_found_by_their_event_id_range(store, make_stream):
     stream = make_stream()
     store.ensure_stream(stream)
     runs = TransformState(store)
-    lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
     for number, (first, last) in enumerate([("a", "c"), ("d", "f"), ("g", "i")], start=1):
         run = _run(stream.name, number, None, changes_path=f"changes/run={number}")
         run = replace(run, first_event_id=first, last_event_id=last)
@@ -232,7 +232,7 @@ def test_latest_run_and_latest_version_are_the_newest(store, make_stream):
     store.ensure_stream(stream)
     runs = TransformState(store)
     assert runs.latest(stream.name) is None and runs.latest_version(stream.name) is None
-    lease = store.acquire_lease(f"transform:{stream.name}", timedelta(minutes=5))
+    lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
     runs.commit(lease, stream.name, None, _run(stream.name, 1, "current/v1"), [])
     runs.commit(lease, stream.name, 1, _run(stream.name, 2, "current/v2"), [])
     runs.commit(lease, stream.name, 2, _run(stream.name, 3, None), [])  # change log only

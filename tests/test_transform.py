@@ -79,7 +79,7 @@ def _redeliver(store, lake, stream: str, original: BatchRecord) -> None:
         target = f.path.rsplit("/", 1)[0] + f"/{redelivered}-{n:05d}.parquet"
         shutil.copy(lake / f.path, lake / target)
         copies.append(FileEntry(target, f.rows, f.bytes))
-    lease = store.acquire_lease(stream, timedelta(minutes=1))
+    lease = store.acquire_lease(stream, "capture", timedelta(minutes=1))
     replay = BatchRecord(
         id=redelivered,
         stream=stream,

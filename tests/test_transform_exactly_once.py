@@ -14,7 +14,7 @@ from jobs.ops import collect_garbage
 from jobs.transform import compact, read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
-from state.leases import TRANSFORM_LEASE_TTL
+from state.leases import TRANSFORM_LEASE_TTL, lease_name
 from tests.helpers.lake_reading import marked_commits, unrecorded_commits
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
 from tidemark.errors import CurrentTableBehind, LeaseLost, TidemarkError
@@ -177,7 +177,7 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
         # then folds the batch drained meanwhile as the next run, in the same call.
         if not taken_over:
             taken_over.append(True)
-            _expire(sqlite_store, f"transform:{stream.name}")
+            _expire(sqlite_store, lease_name(stream.name, "transform"))
             coll.delete_many({"_id": {"$gte": 8}})
             coll.insert_one({"_id": 20, "v": 2})
             drain(stream, raw_client, sqlite_store, lake)
@@ -215,7 +215,9 @@ def test_the_transform_renews_its_lease_between_phases(
     def look():
         with sqlite_store.engine.begin() as conn:
             row = conn.execute(
-                schema.leases.select().where(schema.leases.c.stream == f"transform:{stream.name}")
+                schema.leases.select().where(
+                    schema.leases.c.stream == lease_name(stream.name, "transform")
+                )
             ).one()
         seen.append(row)
 

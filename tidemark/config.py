@@ -500,10 +500,6 @@ def _location(loc: list[Any], raw: dict[str, Any]) -> str:
     return text
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 # --- One broken stream does not take the others down (issue 23, item 9) ---------------------
 
 

@@ -162,3 +162,41 @@ class MetricsServerError(TidemarkError):
 
 class EmbeddedS3Error(TidemarkError):
     """The local S3 server (SeaweedFS, for `make demo LAKE=s3` and the tests) could not start."""
+
+
+# --- issue 27 item 6: every error raised on purpose has a name of its own ---
+
+
+class StreamArgumentMissing(TidemarkError):
+    """A command over streams was given neither one stream nor --all (or was given both)."""
+
+
+class WorkloadStreamMissing(TidemarkError):
+    """`tidemark workload` found no collection or database stream in the config to write to."""
+
+
+class ResetTimeInFuture(TidemarkError):
+    """`tidemark reset --to-time` was given a time that has not come yet."""
+
+
+class ResetTimeBeforeOplog(TidemarkError):
+    """`tidemark reset --to-time` was given a time before the oplog's first entry: the changes
+    since then are gone from the server."""
+
+
+class SplitStageRequired(TidemarkError):
+    """The stream stands after an event the server split (over 16 MB) and was opened without
+    $changeStreamSplitLargeEvent, which resuming there needs."""
+
+
+class ResumeTokenRejected(TidemarkError):
+    """The server rejected the stored resume token as invalid: the checkpoint looks damaged."""
+
+
+class EventTooLarge(TidemarkError):
+    """A change event is over MongoDB's 16 MB limit and the server cannot split it (or was not
+    asked to), so it cannot be delivered."""
+
+
+class ChangeStreamFailed(TidemarkError):
+    """The change stream failed on the server for a reason Tidemark has no better name for."""

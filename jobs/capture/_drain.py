@@ -110,7 +110,7 @@ def drain(
     clock = time.monotonic()
     ensure_writable(lake_root)
     source = source_identity(client)
-    lease = store.acquire_lease(stream.name, CAPTURE_LEASE_TTL)
+    lease = store.acquire_lease(stream.name, "capture", CAPTURE_LEASE_TTL)
     try:
         # Under the lease: a run that may not drain must not change the stream's definition
         # either, or the running one would commit its token under the other's fingerprint.

@@ -18,7 +18,6 @@ from jobs.capture.capture_pass import (
     PassBounds,
     batch_record,
     capture_pass,
-    replay_lease,
 )
 from jobs.capture.drain_result import DrainResult
 from jobs.capture.writer import RawBatchWriter
@@ -80,7 +79,7 @@ def replay(
     check_window(stream.name, client, start, end)
     # The window is read by time, but its events join the stream's: from its deployment only.
     store.check_source(stream, source_identity(client))
-    lease = store.acquire_lease(replay_lease(stream.name), CAPTURE_LEASE_TTL)
+    lease = store.acquire_lease(stream.name, "replay", CAPTURE_LEASE_TTL)
     try:
         start_ts, end_ts = datetime_to_ts(start), datetime_to_ts(end)
 

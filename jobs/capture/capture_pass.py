@@ -61,17 +61,6 @@ StopReason = Literal[
 ]
 
 
-def replay_lease(stream: str) -> str:
-    """The lease a replay of `stream` holds (one replay per stream at a time)."""
-    return f"replay:{stream}"
-
-
-def writer_leases(stream: str) -> list[str]:
-    """Every lease under which files of `stream`'s raw zone are written (the drain's, which
-    its snapshots share, and the replay's): gc holds them all while it sweeps."""
-    return [stream, replay_lease(stream)]
-
-
 class WindowNotConfirmed(TidemarkError):
     """The server never showed a replay window's end as passed: it could not be complete."""
 

@@ -8,7 +8,16 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from jobs.capture._fragments import server_splits
 from resources.mongo import oplog_window
-from tidemark.errors import HistoryLost, MongoConnectionError, ReplicaSetRequired, TidemarkError
+from tidemark.errors import (
+    ChangeStreamFailed,
+    EventTooLarge,
+    HistoryLost,
+    MongoConnectionError,
+    ReplicaSetRequired,
+    ResumeTokenRejected,
+    SplitStageRequired,
+    TidemarkError,
+)
 from tidemark.tokens import ts_to_datetime
 
 HISTORY_LOST = 286  # ChangeStreamHistoryLost
@@ -54,7 +63,7 @@ def translate(
     exc: OperationFailure, stream: str, client: MongoClient, position_time: Timestamp | None
 ) -> TidemarkError:
     if exc.code == FATAL and "split event" in server_message(exc):
-        return TidemarkError(
+        return SplitStageRequired(
             f"Stream {stream!r} stands after an event the server split (over 16 MB), and "
             f"resuming there needs $changeStreamSplitLargeEvent, which this run did not send "
             f"({server_message(exc)}). Nothing was committed.",
@@ -83,7 +92,7 @@ def translate(
             "Only startAfter may open a stream past an invalidate.",
         )
     if exc.code == INVALID_TOKEN:
-        return TidemarkError(
+        return ResumeTokenRejected(
             f"The server rejected the resume token stored for stream {stream!r} as invalid "
             f"({server_message(exc)}).",
             f"The state store's checkpoint looks damaged: run `tidemark reset {stream} "
@@ -96,7 +105,7 @@ def translate(
             if _splits(client)
             else "cannot split such events"
         )
-        return TidemarkError(
+        return EventTooLarge(
             f"A change event of stream {stream!r} is larger than MongoDB's 16 MB limit (a large "
             "document with its post-image and pre-image together), so the server cannot deliver "
             "it; the stream stops before it and nothing was committed.",
@@ -120,7 +129,7 @@ def translate(
             "Grant it the `find` and `changeStream` actions on the watched namespaces "
             "(see README, 'Least privilege').",
         )
-    return TidemarkError(
+    return ChangeStreamFailed(
         f"The change stream of stream {stream!r} failed on the server: {server_message(exc)}.",
         "Nothing was committed; the next run starts again from the last checkpoint.",
     )

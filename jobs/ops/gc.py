@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.capture.capture_pass import writer_leases
 from jobs.lake import SweepResult, sweep_orphans
 from jobs.raw_zone import RAW
 from state import Lease, StateStore, TransformState
-from state.leases import CAPTURE_LEASE_TTL, TRANSFORM_LEASE_TTL
+from state.leases import CAPTURE_LEASE_TTL, RAW_WRITER_KINDS, TRANSFORM_LEASE_TTL
 from tidemark.errors import LeaseHeld, StateStoreError
 from tidemark.object_path import LakePath
 
@@ -68,9 +67,9 @@ def collect_garbage(
             continue
         held: list[Lease] = []
         try:
-            for name in writer_leases(stream):
-                held.append(store.acquire_lease(name, CAPTURE_LEASE_TTL))
-            held.append(store.acquire_lease(f"transform:{stream}", TRANSFORM_LEASE_TTL))
+            for kind in RAW_WRITER_KINDS:
+                held.append(store.acquire_lease(stream, kind, CAPTURE_LEASE_TTL))
+            held.append(store.acquire_lease(stream, "transform", TRANSFORM_LEASE_TTL))
         except LeaseHeld:
             _release(store, held)
             sweeps.append(StreamSweep(stream, None, "skipped: a run holds its lease"))

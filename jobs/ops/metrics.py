@@ -20,12 +20,10 @@ from pymongo import MongoClient
 
 from jobs.ops.status import StreamStatus, stream_status
 from state import StateStore, TransformState
+from state.leases import parse_lease_name
 from tidemark.config import StreamConfig
 
 log = logging.getLogger("tidemark.metrics")
-
-# The work a lease's holder does, by the lease name's prefix (`state.leases`).
-_WORK_OF_PREFIX = {"": "capture", "replay": "replay", "transform": "transform"}
 
 
 def _seconds(moment: datetime | None) -> float | None:
@@ -133,10 +131,11 @@ class TidemarkCollector(Collector):
         names = {s.name for s in self.streams}
         now = datetime.now(UTC).timestamp()
         for row in self.store.lease_rows():
-            prefix, _, stream = str(row["stream"]).rpartition(":")
-            work = _WORK_OF_PREFIX.get(prefix)
-            if work is None or stream not in names:
+            # The metrics' `work` label is the lease's kind: capture, replay or transform.
+            parsed = parse_lease_name(str(row["stream"]))
+            if parsed is None or parsed[0] not in names:
                 continue
+            stream, work = parsed
             acquired, expires = _seconds(row["acquired_at"]), _seconds(row["expires_at"])
             if row["owner"] is not None and expires is not None and expires > now:
                 running.add_metric([stream, work], 1.0)

@@ -10,7 +10,7 @@ from resources.mongo import cluster_time, oplog_window, source_identity
 from state import NewPosition, StateStore
 from state.leases import RESET_LEASE_TTL
 from tidemark.config import StreamConfig
-from tidemark.errors import TidemarkError
+from tidemark.errors import ResetTimeBeforeOplog, ResetTimeInFuture
 from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
 
 
@@ -33,14 +33,14 @@ def reset_stream(
         target = datetime_to_ts(to_time)
         # Wall time, not cluster time: an idle cluster's time lags by up to its no-op interval.
         if to_time > datetime.now(UTC):
-            raise TidemarkError(
+            raise ResetTimeInFuture(
                 f"Cannot reset stream {stream.name!r} to {to_time:%Y-%m-%d %H:%M:%S} UTC: "
                 "that is in the future.",
                 "Use --to-now, or a time in the past.",
             )
         window = oplog_window(client)
         if window is not None and target < window.first:
-            raise TidemarkError(
+            raise ResetTimeBeforeOplog(
                 f"Cannot reset stream {stream.name!r} to {to_time:%Y-%m-%d %H:%M:%S} UTC: the "
                 f"oplog starts at {ts_to_datetime(window.first):%Y-%m-%d %H:%M:%S} UTC, so the "
                 "changes before that are gone.",
@@ -48,7 +48,7 @@ def reset_stream(
             )
         description = f"time {to_time.isoformat()}"
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(stream.name, RESET_LEASE_TTL)
+    lease = store.acquire_lease(stream.name, "capture", RESET_LEASE_TTL)
     try:
         store.reset_checkpoint(
             lease,

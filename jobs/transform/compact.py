@@ -85,7 +85,7 @@ def compact(
     """OPTIMIZE and purge every `current` table of the stream, as a new run."""
     clock = time.monotonic()
     tstate = TransformState(store)
-    lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
+    lease = store.acquire_lease(stream.name, "transform", TRANSFORM_LEASE_TTL)
     try:
         latest = tstate.latest(stream.name)
         tables = [t for t in tstate.tables(stream.name) if t.kind == "current"]

@@ -165,7 +165,7 @@ def _transform(
     clock = time.monotonic()
     tstate = TransformState(store)
     store.ensure_stream_row(stream)
-    lease = store.acquire_lease(f"transform:{stream.name}", TRANSFORM_LEASE_TTL)
+    lease = store.acquire_lease(stream.name, "transform", TRANSFORM_LEASE_TTL)
     try:
         latest = tstate.latest(stream.name)
         number, batches, repeat = _batches(tstate, stream.name, latest)

@@ -220,7 +220,8 @@ def commit_raw_batch(store: Any, lake: Any, stream: str, raws: list[bytes], sour
         files=writer.files,
         events_by_type=dict(writer.counts),
     )
-    lease = store.acquire_lease(f"{source}:{stream}", timedelta(minutes=1))
+    kind = "replay" if source == "replay" else "capture"
+    lease = store.acquire_lease(stream, kind, timedelta(minutes=1))
     try:
         store.commit_batch(lease, None, batch, None)
     finally:

@@ -21,7 +21,7 @@ from tidemark.cli.curated import tables_command, transform_command
 from tidemark.cli.progress import terminal_progress
 from tidemark.cli.runtime import Runtime, StreamFailures, open_runtime
 from tidemark.cli.table import format_table, human_bytes
-from tidemark.errors import TidemarkError
+from tidemark.errors import StreamArgumentMissing, TidemarkError, WorkloadStreamMissing
 from tidemark.settings import Settings, home_notice
 from tidemark.tokens import ts_to_datetime
 
@@ -208,7 +208,7 @@ def _drain(runtime: Runtime, args: argparse.Namespace) -> int:
     from jobs.capture import drain
 
     if args.all == bool(args.stream):
-        raise TidemarkError("Name one stream to drain, or pass --all.", "")
+        raise StreamArgumentMissing("Name one stream to drain, or pass --all.", "")
     shown = terminal_progress()
     if not args.all:
         stream = runtime.config.stream(args.stream)
@@ -329,7 +329,7 @@ def _workload(runtime: Runtime, args: argparse.Namespace) -> int:
 
     streams = [s for s in runtime.config.streams if s.scope in ("collection", "database")]
     if not streams:
-        raise TidemarkError(
+        raise WorkloadStreamMissing(
             "The workload needs a collection or database stream in the streams config.", ""
         )
     writer = connect(runtime.uri)

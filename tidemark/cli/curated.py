@@ -24,12 +24,12 @@ from resources.spark import (
 from tidemark.cli.progress import terminal_progress
 from tidemark.cli.runtime import Runtime, StreamFailures, resolve_spark_remote
 from tidemark.cli.table import format_table, iso_utc, print_json
-from tidemark.errors import LeaseHeld, SparkServerLost, TidemarkError
+from tidemark.errors import LeaseHeld, SparkServerLost, StreamArgumentMissing
 
 
 def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.all == bool(args.stream):
-        raise TidemarkError("Name one stream to transform, or pass --all.", "")
+        raise StreamArgumentMissing("Name one stream to transform, or pass --all.", "")
     streams = runtime.config.streams if args.all else [runtime.config.stream(args.stream)]
     with lazy_spark(runtime) as (session, opened):
         return _transform_streams(runtime, args, streams, session, opened)

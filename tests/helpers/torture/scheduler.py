@@ -309,7 +309,7 @@ class Torture:
         leases = []
         try:
             for name in self.streams:
-                leases.append(self.store.acquire_lease(name, timedelta(minutes=5)))
+                leases.append(self.store.acquire_lease(name, "capture", timedelta(minutes=5)))
             positions = [
                 c.cluster_time
                 for c in (self.store.checkpoint(n) for n in self.streams)
