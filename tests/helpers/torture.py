@@ -453,7 +453,7 @@ class Torture:
                 reset_stream(stream, self.client, self.store, to_time=None, actor="torture")
                 checkpoint = self.store.checkpoint(name)
                 assert checkpoint is not None and checkpoint.start_at_operation_time is not None
-                self.reset_starts[name] = [checkpoint.start_at_operation_time]
+                self.reset_starts[name] = [pack_ts(checkpoint.start_at_operation_time)]
             else:
                 drain(stream, self.raw, self.store, self.lake, resnapshot=True)
             self.log.add(f"start {name}: {'reset to now' if name in FOLD_STREAMS else 'snapshot'}")
@@ -465,7 +465,9 @@ class Torture:
                 with contextlib.suppress(TidemarkError):
                     checkpoint = store.checkpoint(name)
                     if checkpoint is not None and checkpoint.token is not None:
-                        self.samples.append(Sample(name, datetime.now(UTC), checkpoint.token))
+                        self.samples.append(
+                            Sample(name, datetime.now(UTC), checkpoint.token.to_json())
+                        )
         store.close()
 
     def _loop(self, name: str, body: Callable[[], None]) -> None:
@@ -620,7 +622,7 @@ class Torture:
             for name in self.streams:
                 leases.append(self.store.acquire_lease(name, timedelta(minutes=5)))
             positions = [
-                c.cluster_time
+                pack_ts(c.cluster_time)
                 for c in (self.store.checkpoint(n) for n in self.streams)
                 if c is not None and c.cluster_time is not None
             ]
@@ -882,7 +884,7 @@ def segments(store: StateStore, name: str, plain_starts: list[int]) -> list[Segm
     A snapshot's move starts at the snapshot's time; a reset records only its description,
     so `plain_starts` gives the targets of the plain resets, in order."""
     plain = iter(plain_starts)
-    snapshot_times = {s.id: s.cluster_time for s in store.snapshots(name)}
+    snapshot_times = {s.id: pack_ts(s.cluster_time) for s in store.snapshots(name)}
     found: list[Segment] = []
     for reset in store.resets(name):
         if found:
@@ -892,7 +894,7 @@ def segments(store: StateStore, name: str, plain_starts: list[int]) -> list[Segm
         found.append(Segment(start, reset["at"].replace(tzinfo=UTC)))
     checkpoint = store.checkpoint(name)
     if found and checkpoint is not None:
-        found[-1].end = checkpoint.token
+        found[-1].end = checkpoint.token.to_json() if checkpoint.token else None
     return found
 
 
@@ -919,11 +921,11 @@ class Oracle:
             segs = self._segments(name)
             batches = t.store.batches(name)
             replays = [b for b in batches if b.source == "replay" and b.window_start is not None]
-            starts = [s.start for s in segs] + [b.window_start for b in replays]
+            starts = [s.start for s in segs] + [pack_ts(b.window_start) for b in replays]
             refs, lost = self._reference(stream, starts, segs)
             if lost:  # the tiny oplog rolled past: only what it still holds is checked
                 segs = [s for s in segs if s.start >= lost]
-                replays = [b for b in replays if b.window_start >= lost]
+                replays = [b for b in replays if pack_ts(b.window_start) >= lost]
             expected = self._expected(stream, refs, segs, replays)
             self._check_current(name, stream, refs, expected)
             self._check_changes(name, refs, expected, lost)
@@ -968,7 +970,7 @@ class Oracle:
                         break
         for batch in replays:
             for e in refs:
-                if batch.window_start <= e.ts < batch.window_end:
+                if pack_ts(batch.window_start) <= e.ts < pack_ts(batch.window_end):
                     chosen[e.data] = e
                     if e.op == "invalidate" and stream.on_invalidate == "stop":
                         break
@@ -1074,7 +1076,7 @@ class Oracle:
                 continue  # its files are gone: the files check says so
             want = []
             for e in refs:
-                if batch.window_start <= e.ts < batch.window_end:
+                if pack_ts(batch.window_start) <= e.ts < pack_ts(batch.window_end):
                     want.append(e)
                     if e.op == "invalidate" and stream.on_invalidate == "stop":
                         break
@@ -1082,8 +1084,8 @@ class Oracle:
             if lacking:
                 first = lacking[0]
                 problems.append(
-                    f"replay batch {batch.id} window [{unpack_ts(batch.window_start)}, "
-                    f"{unpack_ts(batch.window_end)}) holds {len(held)} of {len(want)} events; "
+                    f"replay batch {batch.id} window [{batch.window_start}, "
+                    f"{batch.window_end}) holds {len(held)} of {len(want)} events; "
                     f"first missing: {first.op} {first.db}.{first.coll} at {unpack_ts(first.ts)}"
                     f" (last held op: {batch.events_by_type})"
                 )
@@ -1113,7 +1115,7 @@ class Oracle:
                 committed[i] = min(committed.get(i, at), at)
         samples = [s for s in self.t.samples if s.stream == name]
         samples += [
-            Sample(name, b.committed_at.replace(tzinfo=UTC), b.token_after)
+            Sample(name, b.committed_at.replace(tzinfo=UTC), b.token_after.to_json())
             for b in batches
             if b.source == "incremental" and b.token_after
         ]
