@@ -128,7 +128,7 @@ def tidemark_drain(
     from state import NewPosition, StateStore
     from tidemark.config import StreamConfig
     from tidemark.object_path import ObjectPath
-    from tidemark.tokens import token_to_json
+    from tidemark.tokens import ResumeToken
 
     with tempfile.TemporaryDirectory() as work:
         store = StateStore(f"sqlite:///{Path(work) / 'state.db'}")
@@ -144,7 +144,7 @@ def tidemark_drain(
         )
         checkpoint = store.ensure_stream(stream)
         lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=1))
-        store.commit_batch(lease, checkpoint.version, None, NewPosition(token=token_to_json(token)))
+        store.commit_batch(lease, checkpoint.version, None, NewPosition(token=ResumeToken(token)))
         store.release_lease(lease)
         client = connect(uri, raw=True)
         started = time.perf_counter()

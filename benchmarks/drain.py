@@ -263,6 +263,7 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
     from resources.mongo import connect
     from state import NewPosition, StateStore
     from tidemark.config import StreamConfig
+    from tidemark.tokens import ResumeToken
 
     cases = {"nothing written since the last run": [], "other collections written to": []}
     with tempfile.TemporaryDirectory() as work:
@@ -273,7 +274,9 @@ def fixed_cost_table(uri: str, token: str, end: Any) -> str:
         )
         checkpoint = store.ensure_stream(stream)
         lease = store.acquire_lease("quiet", "capture", timedelta(minutes=1))
-        store.commit_batch(lease, checkpoint.version, None, NewPosition(token=token))
+        store.commit_batch(
+            lease, checkpoint.version, None, NewPosition(token=ResumeToken.from_json(token))
+        )
         store.release_lease(lease)
         drain(stream, raw, store, Path(work) / "lake")  # catch up with the workload, untimed
         for case, timings in cases.items():

@@ -20,7 +20,8 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from state import schema
-from state.records import Checkpoint, NewPosition, source_columns
+from state.columns import position_columns, source_columns, token_value, ts_value
+from state.records import Checkpoint, NewPosition
 from state.schema import utc_now
 from tidemark.config import StreamConfig, describe_definition_change
 from tidemark.errors import CheckpointConflict, SourceChanged, StreamDefinitionChanged
@@ -171,10 +172,10 @@ def read_checkpoint(conn: Connection, stream: str) -> Checkpoint | None:
         return None
     return Checkpoint(
         stream=row.stream,
-        token=row.token,
+        token=token_value(row.token),
         token_is_invalidate=bool(row.token_is_invalidate),
-        start_at_operation_time=row.start_at_operation_time,
-        cluster_time=row.cluster_time,
+        start_at_operation_time=ts_value(row.start_at_operation_time),
+        cluster_time=ts_value(row.cluster_time),
         fingerprint=row.fingerprint,
         version=row.version,
         updated_at=row.updated_at,
@@ -204,7 +205,7 @@ def compare_and_set(
     done = conn.execute(
         update(checkpoints)
         .where(checkpoints.c.stream == stream, checkpoints.c.version == expected_version)
-        .values(**position.columns(), version=new_version, updated_at=utc_now())
+        .values(**position_columns(position), version=new_version, updated_at=utc_now())
     )
     if done.rowcount != 1:
         raise CheckpointConflict(
@@ -252,7 +253,11 @@ def move_checkpoint(
 
     `fingerprint` is the definition the new position belongs to; None keeps the checkpoint's.
     """
-    old = read_checkpoint(conn, stream)
+    # The history keeps the stored columns as they are, a damaged token's text included.
+    c = schema.checkpoints
+    old = conn.execute(
+        select(c.c.token, c.c.cluster_time, c.c.fingerprint).where(c.c.stream == stream)
+    ).first()
     if fingerprint is None:
         assert old is not None, "a checkpoint keeps its fingerprint only if it exists"
         fingerprint = old.fingerprint
@@ -272,7 +277,7 @@ def move_checkpoint(
         update(schema.checkpoints)
         .where(schema.checkpoints.c.stream == stream)
         .values(
-            **position.columns(),
+            **position_columns(position),
             fingerprint=fingerprint,
             version=schema.checkpoints.c.version + 1,
             updated_at=now,

@@ -9,12 +9,13 @@ Every function takes the open transaction's connection; the store opens the tran
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, func, insert, select
+from sqlalchemy import Connection, Row, Select, func, insert, select
 
 from state import schema
+from state.columns import token_column, token_value, ts_column, ts_value
 from state.records import BatchRecord, BatchSource, FileEntry
 from state.schema import utc_now
 
@@ -22,24 +23,7 @@ from state.schema import utc_now
 def insert_batch(conn: Connection, batch: BatchRecord, epoch: int) -> None:
     """Record `batch` and its files, committed under the lease at `epoch`."""
     conn.execute(
-        insert(schema.batches).values(
-            id=batch.id,
-            stream=batch.stream,
-            source=batch.source,
-            epoch=epoch,
-            event_count=batch.event_count,
-            bytes=batch.bytes,
-            first_event_id=batch.first_event_id,
-            last_event_id=batch.last_event_id,
-            first_cluster_time=batch.first_cluster_time,
-            last_cluster_time=batch.last_cluster_time,
-            events_by_type=json.dumps(batch.events_by_type, sort_keys=True),
-            token_after=batch.token_after,
-            window_start=batch.window_start,
-            window_end=batch.window_end,
-            snapshot_id=batch.snapshot_id,
-            committed_at=utc_now(),
-        )
+        insert(schema.batches).values(**_batch_columns(batch), epoch=epoch, committed_at=utc_now())
     )
     if batch.files:
         conn.execute(
@@ -49,6 +33,43 @@ def insert_batch(conn: Connection, batch: BatchRecord, epoch: int) -> None:
                 for f in batch.files
             ],
         )
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _events_by_type(counts: dict[str, int]) -> str:
+    return json.dumps(counts, sort_keys=True)
+
+
+# The batch row <-> record mapping, written once: each column a batch record fills, with how
+# its value becomes the column and back. `epoch` and `committed_at` are the commit's own.
+_MAPPING: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "id": (_same, _same),
+    "stream": (_same, _same),
+    "source": (_same, _same),
+    "event_count": (_same, _same),
+    "bytes": (_same, _same),
+    "events_by_type": (_events_by_type, json.loads),
+    "first_event_id": (_same, _same),
+    "last_event_id": (_same, _same),
+    "first_cluster_time": (ts_column, ts_value),
+    "last_cluster_time": (ts_column, ts_value),
+    "token_after": (token_column, token_value),
+    "window_start": (ts_column, ts_value),
+    "window_end": (ts_column, ts_value),
+    "snapshot_id": (_same, _same),
+}
+
+
+def _batch_columns(batch: BatchRecord) -> dict[str, Any]:
+    return {name: write(getattr(batch, name)) for name, (write, _) in _MAPPING.items()}
+
+
+def _batch_record(row: Row[Any], files: list[FileEntry]) -> BatchRecord:
+    values = {name: read(getattr(row, name)) for name, (_, read) in _MAPPING.items()}
+    return BatchRecord(**values, files=files, committed_at=row.committed_at, epoch=row.epoch)
 
 
 def batches(
@@ -104,28 +125,7 @@ def batches_of(conn: Connection, query: Select[Any]) -> list[BatchRecord]:
             .order_by(schema.batch_files.c.path)
         ):
             files.setdefault(f.batch_id, []).append(FileEntry(f.path, f.rows, f.bytes))
-    return [
-        BatchRecord(
-            id=r.id,
-            stream=r.stream,
-            source=r.source,
-            event_count=r.event_count,
-            bytes=r.bytes,
-            files=files.get(r.id, []),
-            events_by_type=json.loads(r.events_by_type),
-            first_event_id=r.first_event_id,
-            last_event_id=r.last_event_id,
-            first_cluster_time=r.first_cluster_time,
-            last_cluster_time=r.last_cluster_time,
-            token_after=r.token_after,
-            window_start=r.window_start,
-            window_end=r.window_end,
-            committed_at=r.committed_at,
-            epoch=r.epoch,
-            snapshot_id=r.snapshot_id,
-        )
-        for r in rows
-    ]
+    return [_batch_record(r, files.get(r.id, [])) for r in rows]
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:

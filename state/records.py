@@ -2,6 +2,8 @@
 
 Plain dataclasses, free of SQL, so every layer above the store can name them without knowing
 how they are kept. The values a column may take are `Literal` aliases defined here, once.
+Cluster times are `bson.Timestamp`s and tokens `ResumeToken`s: their packed integers and JSON
+text are the store's own columns (`state.columns`), never seen above it.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
+
+from bson import Timestamp
 
 from state.schema import utc_now
-from tidemark.tokens import SourceIdentity
+from tidemark.tokens import ResumeToken, SourceIdentity
 
 # Where a batch of the manifest came from: a drain of the change stream, a chunk of a
 # snapshot, or a replay of a past window (which never moves the checkpoint).
@@ -37,10 +41,10 @@ class Checkpoint:
     """Where a stream resumes: a resume token, or a cluster time to start at."""
 
     stream: str
-    token: str | None  # canonical Extended JSON
+    token: ResumeToken | None
     token_is_invalidate: bool
-    start_at_operation_time: int | None  # packed Timestamp
-    cluster_time: int | None  # packed Timestamp of the position
+    start_at_operation_time: Timestamp | None
+    cluster_time: Timestamp | None  # of the position
     fingerprint: str
     version: int  # compare-and-set counter: a commit names the version it started from
     updated_at: datetime
@@ -65,26 +69,11 @@ class Lease:
 class NewPosition:
     """Where a commit moves the checkpoint to."""
 
-    token: str | None = None
+    token: ResumeToken | None = None
     token_is_invalidate: bool = False
-    start_at_operation_time: int | None = None
-    cluster_time: int | None = None
+    start_at_operation_time: Timestamp | None = None
+    cluster_time: Timestamp | None = None
     source: SourceIdentity | None = None  # the deployment it belongs to; None keeps the stored
-
-    def columns(self) -> dict[str, Any]:
-        """The checkpoint columns this position sets."""
-        columns = {
-            "token": self.token,
-            "token_is_invalidate": self.token_is_invalidate,
-            "start_at_operation_time": self.start_at_operation_time,
-            "cluster_time": self.cluster_time,
-        }
-        return {**columns, **source_columns(self.source)} if self.source else columns
-
-
-def source_columns(source: SourceIdentity) -> dict[str, Any]:
-    """The checkpoint columns that record `source`."""
-    return {"source_kind": source.kind, "source_set": source.set_name, "source_id": source.id}
 
 
 @dataclass(frozen=True)
@@ -109,11 +98,11 @@ class BatchRecord:
     events_by_type: dict[str, int] = field(default_factory=dict)
     first_event_id: str | None = None
     last_event_id: str | None = None
-    first_cluster_time: int | None = None
-    last_cluster_time: int | None = None
-    token_after: str | None = None
-    window_start: int | None = None
-    window_end: int | None = None
+    first_cluster_time: Timestamp | None = None
+    last_cluster_time: Timestamp | None = None
+    token_after: ResumeToken | None = None
+    window_start: Timestamp | None = None  # a replay's window [start, end)
+    window_end: Timestamp | None = None
     committed_at: datetime | None = None
     epoch: int = 0
     snapshot_id: str | None = None
@@ -126,7 +115,7 @@ class SnapshotRecord:
     id: str
     stream: str
     reason: str
-    cluster_time: int
+    cluster_time: Timestamp  # T: the copy's time, where the change stream goes on
     namespaces: list[tuple[str, str]]
     namespace_index: int
     last_key: str | None
@@ -136,6 +125,32 @@ class SnapshotRecord:
     status: SnapshotStatus
     started_at: datetime
     finished_at: datetime | None = None
+
+    @classmethod
+    def starting(
+        cls,
+        id: str,
+        stream: str,
+        reason: str,
+        cluster_time: Timestamp,
+        namespaces: list[tuple[str, str]],
+        started_at: datetime,
+    ) -> SnapshotRecord:
+        """A snapshot at its start: running, nothing copied yet."""
+        return cls(
+            id=id,
+            stream=stream,
+            reason=reason,
+            cluster_time=cluster_time,
+            namespaces=namespaces,
+            namespace_index=0,
+            last_key=None,
+            chunks=0,
+            documents=0,
+            bytes=0,
+            status="running",
+            started_at=started_at,
+        )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Select, insert, select, update
 
 from state import schema
 from state.checkpoints import move_checkpoint
+from state.columns import ts_column, ts_value
 from state.records import NewPosition, SnapshotRecord, SnapshotStatus
 from state.schema import utc_now
 from tidemark.errors import CheckpointConflict
@@ -41,7 +42,11 @@ def start_snapshot(
         )
     conn.execute(
         insert(schema.snapshots).values(
-            **{**asdict(snapshot), "namespaces": json.dumps(snapshot.namespaces)}
+            **{
+                **asdict(snapshot),
+                "cluster_time": ts_column(snapshot.cluster_time),
+                "namespaces": json.dumps(snapshot.namespaces),
+            }
         )
     )
     move_checkpoint(
@@ -110,7 +115,11 @@ def running_snapshot(conn: Connection, stream: str) -> SnapshotRecord | None:
 def _records(conn: Connection, query: Select[Any]) -> list[SnapshotRecord]:
     return [
         SnapshotRecord(
-            **{**dict(r._mapping), "namespaces": [tuple(n) for n in json.loads(r.namespaces)]}
+            **{
+                **dict(r._mapping),
+                "cluster_time": ts_value(r.cluster_time),
+                "namespaces": [tuple(n) for n in json.loads(r.namespaces)],
+            }
         )
         for r in conn.execute(query)
     ]

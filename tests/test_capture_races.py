@@ -29,7 +29,7 @@ from tidemark.errors import (
     StreamDefinitionChanged,
     StreamInvalidated,
 )
-from tidemark.tokens import token_cluster_time, token_from_json, token_to_json
+from tidemark.tokens import ResumeToken
 
 # Hides drops and invalidates: a change log only (with current_table on they pass any $match).
 CRUD_ONLY = [{"$match": {"operationType": {"$in": ["insert", "update", "replace", "delete"]}}}]
@@ -66,7 +66,7 @@ def test_a_write_between_the_horizon_and_the_aggregate_is_not_skipped(
     raced_at = client[db_name]["orders"].database.command("ping")["operationTime"]
     checkpoint = sqlite_store.checkpoint(stream.name)
     # The invariant: the committed token covers no event that is not in a committed batch.
-    assert token_cluster_time(token_from_json(checkpoint.token)) < raced_at
+    assert checkpoint.token.cluster_time < raced_at
     drain(stream, raw_client, sqlite_store, lake)
     assert _keys(sqlite_store, lake, stream.name) == [_string_key("raced")]
 
@@ -125,7 +125,7 @@ def test_a_checkpoint_holding_an_unflagged_invalidate_token_resumes_with_start_a
     plain one; the server refuses resumeAfter from it, and the next run must recover."""
     stream = make_stream(pipeline=CRUD_ONLY, current_table=False)
     drain(stream, raw_client, sqlite_store, lake)
-    start = token_from_json(sqlite_store.checkpoint(stream.name).token)
+    start = sqlite_store.checkpoint(stream.name).token.document
     client[db_name]["orders"].insert_one({"_id": "before-drop"})  # a collection to drop
     client[db_name]["orders"].drop()
     token = _invalidate_token(raw_client, db_name, start)
@@ -136,7 +136,7 @@ def test_a_checkpoint_holding_an_unflagged_invalidate_token_resumes_with_start_a
         lease,
         sqlite_store.checkpoint(stream.name).version,
         None,
-        NewPosition(token=token_to_json(token), cluster_time=None),
+        NewPosition(token=ResumeToken(token), cluster_time=None),
     )
     sqlite_store.release_lease(lease)
     client[db_name]["orders"].insert_one({"_id": "new"})

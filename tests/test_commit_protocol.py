@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from bson import Timestamp
 
 from jobs.capture import drain
 from jobs.ops import collect_garbage
@@ -19,7 +20,7 @@ from state.leases import lease_name, parse_lease_name
 from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table, direct_events
 from tidemark.errors import CheckpointConflict, LeaseHeld, LeaseLost
-from tidemark.tokens import token_from_json
+from tidemark.tokens import ResumeToken
 
 
 def test_sigkill_before_commit_then_exactly_once_and_gc(
@@ -46,7 +47,7 @@ def test_sigkill_before_commit_then_exactly_once_and_gc(
     result = drain(stream, raw_client, store, lake)
     assert result.events == 300
     table = committed_table(store, lake, stream.name)
-    reference = direct_events(raw_client[db_name]["orders"], token_from_json(start.token))
+    reference = direct_events(raw_client[db_name]["orders"], start.token.document)
     assert table.column("event_id").to_pylist() == [e["_id"]["_data"] for e in reference]
     committed = store.committed_paths(stream.name)
     assert committed.isdisjoint(orphan_paths)
@@ -93,7 +94,7 @@ def test_a_run_whose_lease_was_taken_over_cannot_commit(store, make_stream):
     usurper = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     assert usurper.epoch == zombie.epoch + 1
 
-    position = NewPosition(token='{"_data": "82AA"}', cluster_time=1)
+    position = NewPosition(token=ResumeToken({"_data": "82AA"}), cluster_time=Timestamp(0, 1))
     with pytest.raises(LeaseLost):
         store.commit_batch(zombie, checkpoint.version, None, position)
     assert store.checkpoint(stream.name) == checkpoint
@@ -105,10 +106,12 @@ def test_checkpoint_moves_only_from_the_version_a_run_started_from(store, make_s
     stream = make_stream()
     checkpoint = store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
-    first = NewPosition(token='{"_data": "82AA"}', cluster_time=1)
+    first = NewPosition(token=ResumeToken({"_data": "82AA"}), cluster_time=Timestamp(0, 1))
     store.commit_batch(lease, checkpoint.version, None, first)
     with pytest.raises(CheckpointConflict):
-        store.commit_batch(lease, checkpoint.version, None, NewPosition(token='{"_data": "82BB"}'))
+        store.commit_batch(
+            lease, checkpoint.version, None, NewPosition(token=ResumeToken({"_data": "82BB"}))
+        )
     assert store.checkpoint(stream.name).token == first.token
 
 

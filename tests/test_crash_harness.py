@@ -29,7 +29,6 @@ from tests.helpers.delta_reading import (
 )
 from tests.helpers.lake_reading import direct_events
 from tests.helpers.oracle import burst, current_state, seed_collection, source_state
-from tidemark.tokens import token_from_json
 
 ROOT = Path(__file__).resolve().parent.parent
 # (step, seconds after start to kill it): a drain child lives ~1-2 s, a transform child ~8-15 s
@@ -104,8 +103,7 @@ def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
     (table,) = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "current"]
     assert table.delta_version == delta_version(path)  # the compaction's OPTIMIZE, recorded
     reference = [
-        e["_id"]["_data"]
-        for e in direct_events(raw_client[db_name]["orders"], token_from_json(start))
+        e["_id"]["_data"] for e in direct_events(raw_client[db_name]["orders"], start.document)
     ]
     logged = changes_event_ids(sqlite_store, lake, stream.name)
     assert len(logged) == len(set(logged))  # no event twice

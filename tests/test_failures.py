@@ -23,7 +23,7 @@ from tidemark.errors import (
     StateStoreError,
     StreamDefinitionChanged,
 )
-from tidemark.tokens import datetime_to_ts, pack_ts
+from tidemark.tokens import datetime_to_ts
 
 
 def test_standalone_server_is_refused_with_the_replica_set_message(tmp_path):
@@ -79,7 +79,7 @@ def test_a_replay_window_that_falls_off_the_oplog_while_read_is_refused(
     start = datetime.now(UTC) - timedelta(seconds=1)
     writer.shop.orders.insert_one({"in_the_window": True})
     kept = sqlite_store.checkpoint(stream.name)
-    roll_oplog_past(writer, pack_ts(datetime_to_ts(start + timedelta(seconds=2))))
+    roll_oplog_past(writer, datetime_to_ts(start + timedelta(seconds=2)))
     end = datetime.now(UTC) - timedelta(seconds=1)
     monkeypatch.setattr(_replay, "check_window", lambda *args: None)
     with pytest.raises(ReplayRefused) as refused:

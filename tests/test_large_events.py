@@ -29,7 +29,6 @@ from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state
 from tests.helpers.split_events import fragment_tokens, rebuild, watched_fragments
 from tidemark.errors import SplitStageRequired
-from tidemark.tokens import token_from_json
 
 pytestmark = pytest.mark.servers("6.0.27")
 
@@ -42,12 +41,12 @@ def _images_collection(client, db_name):
     return client[db_name]["orders"]
 
 
-def _reference(raw_client, db_name, token_json):
+def _reference(raw_client, db_name, token):
     fragments = watched_fragments(
         raw_client,
         db_name,
         "orders",
-        token_from_json(token_json),
+        token.document,
         full_document="required",
         full_document_before_change="required",
     )
@@ -103,7 +102,7 @@ def test_a_40_mb_event_goes_through_the_raw_zone_and_the_transform(
 
 
 def _token_data(store, stream) -> str:
-    return token_from_json(store.checkpoint(stream.name).token)["_data"]
+    return store.checkpoint(stream.name).token.data
 
 
 def _small_events_and_split_updates(orders) -> None:
@@ -190,7 +189,7 @@ def test_the_readers_resume_in_the_middle_of_an_event_completes_it(
             yield reply
 
     try:
-        with _reader(raw_client, stream, token_from_json(start)) as reader:
+        with _reader(raw_client, stream, start.document) as reader:
             events = []
             for reply in whole_events(recorded(reader.replies()), reader.initial_token):
                 events += reply.events.raws()
@@ -305,7 +304,7 @@ def test_a_split_events_token_needs_the_split_stage_to_resume(
             stream.model_copy(update={"split_large_events": False}),
             raw_client,
             RawBatchWriter(lake, stream.name, "b"),
-            {"resumeAfter": token_from_json(sqlite_store.checkpoint(stream.name).token)},
+            {"resumeAfter": sqlite_store.checkpoint(stream.name).token.document},
             PassBounds(lambda ts: False, stream.budget),
             lambda: None,
             position_time=None,

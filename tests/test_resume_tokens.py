@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidemark.tokens import (
+    ResumeToken,
     covered_until,
     datetime_to_ts,
     next_tick,
@@ -91,6 +92,27 @@ def test_stored_json_that_is_not_a_token_is_refused(text) -> None:
 def test_stored_text_that_is_not_json_is_refused() -> None:
     with pytest.raises(json.JSONDecodeError):
         token_from_json('{"_data": broken')
+
+
+@given(tokens, times)
+def test_a_typed_token_keeps_its_stored_text_and_equals_the_one_sent(token, ts) -> None:
+    """Read back from the store, a token is its stored text (byte for byte) and equals the
+    token the server sent; its time and kind are read from its `_data`."""
+    token = {**token, "_data": _data(ts, token["_data"])}
+    sent = ResumeToken(RawBSONDocument(bson.encode(token)))
+    stored = ResumeToken.from_json(sent.to_json())
+    assert stored == sent and hash(stored) == hash(sent)
+    assert stored.to_json() == token_to_json(token)
+    assert bson.encode(stored.document) == bson.encode(token)
+    assert (stored.data, stored.cluster_time) == (token["_data"], ts)
+
+
+def test_a_damaged_stored_token_fails_only_when_it_is_used() -> None:
+    """Reading a damaged checkpoint must not fail (status, reset); resuming from it does."""
+    stored = ResumeToken.from_json('{"_data": broken')
+    assert stored.to_json() == '{"_data": broken'
+    with pytest.raises(ValueError):
+        _ = stored.document
 
 
 @given(

@@ -27,7 +27,7 @@ from state.records import NewPosition
 from tests.helpers.lake_reading import committed_table
 from tidemark.config import StreamConfig
 from tidemark.errors import SourceChanged
-from tidemark.tokens import SourceIdentity
+from tidemark.tokens import ResumeToken, SourceIdentity
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_checkpoint_store_adopts_then_refuses(state_url_sqlite: str):
         assert store.ensure_stream(stream, other).source == other  # no position yet: taken
         version = store.checkpoint("s").version
         with store.transaction("test") as conn:  # a first position, as a drain commits it
-            compare_and_set(conn, "s", version, NewPosition(token="{}"))
+            compare_and_set(conn, "s", version, NewPosition(token=ResumeToken.from_json("{}")))
         with pytest.raises(SourceChanged, match="replicaSetId 7a05"):
             store.ensure_stream(stream, A)
         assert store.ensure_stream(stream, A, new_source_ok=True).source == other

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from bson import Timestamp
+from sqlalchemy import select, update
 
 from state import (
     BatchRecord,
@@ -23,6 +24,7 @@ from state import (
     schema,
 )
 from tidemark.errors import StateStoreError
+from tidemark.tokens import ResumeToken
 
 
 @pytest.mark.fast
@@ -55,13 +57,12 @@ def test_manifest_round_trip(store, make_stream):
         events_by_type={"insert": 2, "delete": 1},
         first_event_id="82A",
         last_event_id="82C",
-        first_cluster_time=5,
-        last_cluster_time=9,
-        token_after='{"_data": "82C"}',
+        first_cluster_time=Timestamp(0, 5),
+        last_cluster_time=Timestamp(0, 9),
+        token_after=ResumeToken({"_data": "82C"}),
     )
-    store.commit_batch(
-        lease, checkpoint.version, batch, NewPosition(token='{"_data": "82C"}', cluster_time=9)
-    )
+    position = NewPosition(token=ResumeToken({"_data": "82C"}), cluster_time=Timestamp(0, 9))
+    store.commit_batch(lease, checkpoint.version, batch, position)
     (stored,) = store.batches(stream.name)
     assert (stored.id, stored.event_count, stored.events_by_type, stored.files) == (
         batch.id,
@@ -71,24 +72,37 @@ def test_manifest_round_trip(store, make_stream):
     )
     assert stored.epoch == lease.epoch and stored.committed_at is not None
     assert store.committed_paths(stream.name) == {f.path for f in batch.files}
-    assert store.checkpoint(stream.name).cluster_time == 9
+    assert store.checkpoint(stream.name).cluster_time == Timestamp(0, 9)
+    assert (stored.first_cluster_time, stored.token_after) == (Timestamp(0, 5), batch.token_after)
+    # The columns keep what they always kept: packed Timestamps and the token's JSON.
+    with store.engine.connect() as conn:
+        b, c = schema.batches.c, schema.checkpoints.c
+        row = conn.execute(select(b.first_cluster_time, b.last_cluster_time, b.token_after)).one()
+        assert tuple(row) == (5, 9, '{"_data": "82C"}')
+        row = conn.execute(select(c.token, c.cluster_time)).one()
+        assert tuple(row) == ('{"_data": "82C"}', 9)
 
 
 def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
     old = make_stream()
     checkpoint = store.ensure_stream(old)
     lease = store.acquire_lease(old.name, "capture", timedelta(minutes=5))
-    store.commit_batch(lease, checkpoint.version, None, NewPosition(token='{"_data": "82A"}'))
+    store.commit_batch(
+        lease,
+        checkpoint.version,
+        None,
+        NewPosition(token=ResumeToken.from_json('{"_data": "82A"}')),
+    )
     new = make_stream(full_document="whenAvailable", current_table=False)
     store.reset_checkpoint(
         lease,
         new,
-        NewPosition(start_at_operation_time=7, cluster_time=7),
+        NewPosition(start_at_operation_time=Timestamp(0, 7), cluster_time=Timestamp(0, 7)),
         "time 2026-01-01",
         "tester",
     )
     moved = store.checkpoint(old.name)
-    assert moved.token is None and moved.start_at_operation_time == 7
+    assert moved.token is None and moved.start_at_operation_time == Timestamp(0, 7)
     assert moved.fingerprint == new.fingerprint()
     (entry,) = store.resets(old.name)
     assert entry["from_token"] == '{"_data": "82A"}' and entry["actor"] == "tester"
@@ -134,19 +148,8 @@ def test_last_batch_is_the_newest_committed_of_the_stream(store, make_stream):
 
 
 def _snapshot(snapshot_id: str, stream: str, started_at: datetime) -> SnapshotRecord:
-    return SnapshotRecord(
-        id=snapshot_id,
-        stream=stream,
-        reason="initial",
-        cluster_time=7,
-        namespaces=[("db", "orders")],
-        namespace_index=0,
-        last_key=None,
-        chunks=0,
-        documents=0,
-        bytes=0,
-        status="running",
-        started_at=started_at,
+    return SnapshotRecord.starting(
+        snapshot_id, stream, "initial", Timestamp(0, 7), [("db", "orders")], started_at
     )
 
 

@@ -1,4 +1,8 @@
-"""Resume tokens and cluster times: packing, decoding and display.
+"""Resume tokens and cluster times: the typed token, packing, decoding and display.
+
+`ResumeToken` is how every layer above the state store holds a stored token; the packed
+integers (`pack_ts`) and the JSON text (`ResumeToken.to_json`) are the state store's columns,
+and only `state/` converts to and from them.
 
 A resume token's `_data` is the server's KeyString encoding, whose first field is the event's
 cluster time (type byte 0x82, then 4 bytes of seconds and 4 of increment). Reading it lets
@@ -104,6 +108,77 @@ def token_from_json(text: str) -> dict[str, Any]:
     if not isinstance(value, dict) or "_data" not in value:
         raise ValueError("a resume token is a document with a '_data' field")
     return value
+
+
+class ResumeToken:
+    """A change stream's resume token: the document the server sent, or one read back from
+    the state store as its canonical Extended JSON.
+
+    A stored token is decoded on first use (`document`), so a damaged one fails only the run
+    that resumes from it, never a status or a reset that merely carries it. Two tokens are
+    equal when their canonical JSON is, the form the state store keeps.
+    """
+
+    __slots__ = ("_document", "_json")
+
+    def __init__(self, document: Mapping[str, Any] | RawBSONDocument) -> None:
+        self._document: Mapping[str, Any] | RawBSONDocument | None = document
+        self._json: str | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> ResumeToken:
+        """The token stored as `text` (not decoded yet: see `document`)."""
+        token = cls.__new__(cls)
+        token._document, token._json = None, text
+        return token
+
+    @property
+    def document(self) -> Mapping[str, Any] | RawBSONDocument:
+        """The token as the server takes it (resumeAfter, startAfter).
+
+        Raises:
+            ValueError, TypeError: the stored text is not a resume token.
+        """
+        if self._document is None:
+            assert self._json is not None
+            self._document = token_from_json(self._json)
+        return self._document
+
+    def to_json(self) -> str:
+        """Canonical Extended JSON, exactly as stored (the text read back, or the encoding)."""
+        if self._json is None:
+            assert self._document is not None
+            self._json = token_to_json(self._document)
+        return self._json
+
+    @property
+    def data(self) -> str | None:
+        return token_data(self.document)
+
+    @property
+    def cluster_time(self) -> Timestamp | None:
+        """The cluster time encoded at the start of `_data` (None if not decodable)."""
+        return token_cluster_time(self.document)
+
+    @property
+    def is_high_water_mark(self) -> bool:
+        return is_high_water_mark(self.document)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ResumeToken):
+            return NotImplemented
+        return self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def __repr__(self) -> str:
+        return f"ResumeToken({self.to_json()})"
+
+
+def optional_token(document: Mapping[str, Any] | RawBSONDocument | None) -> ResumeToken | None:
+    """A server's token (None: none yet) as a `ResumeToken`."""
+    return ResumeToken(document) if document is not None else None
 
 
 # -- the deployment a token belongs to -----------------------------------------------------

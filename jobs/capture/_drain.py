@@ -3,7 +3,8 @@
 The run takes the stream's lease, opens the change stream at the stored position, reads with
 `try_next()` until it is caught up (the server waited `maxAwaitTimeMS` and found nothing), it
 reaches the run's horizon (the cluster time taken at start) or a budget, writes the events as
-Parquet, and commits the batch manifest and the new resume token in one transaction.
+Parquet, and commits the batch manifest and the new resume token in one transaction. Where it
+opens and where the checkpoint moves are the rules of `jobs.capture.checkpoint_rules`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 from bson import Timestamp
 from pymongo import MongoClient
 
-from jobs.capture.capture_pass import (
-    PassBounds,
-    batch_record,
-    capture_pass,
+from jobs.capture.capture_pass import Capture, PassBounds, batch_record, capture_pass
+from jobs.capture.checkpoint_rules import (
+    after_pass,
+    as_invalidate,
+    check_invalidate,
+    position_time,
+    start_options,
 )
 from jobs.capture.drain_result import DrainResult
 from jobs.capture.namespaces import missing_namespace
@@ -33,57 +36,62 @@ from jobs.lake import ensure_writable
 from jobs.progress import Meter, ProgressCallback
 from resources.mongo import cluster_time, source_identity, unverified_identity
 from state import (
-    Checkpoint,
     FileEntry,
     Lease,
-    NewPosition,
     SnapshotRecord,
     StateStore,
     new_batch_id,
 )
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import StreamConfig
-from tidemark.errors import HistoryLost, SnapshotOutrun, StateStoreError, StreamInvalidated
+from tidemark.errors import HistoryLost, SnapshotOutrun, StateStoreError
 from tidemark.object_path import LakePath
-from tidemark.tokens import (
-    SourceIdentity,
-    datetime_to_ts,
-    is_high_water_mark,
-    pack_ts,
-    token_cluster_time,
-    token_from_json,
-    token_to_json,
-    ts_to_datetime,
-    unpack_ts,
-)
+from tidemark.tokens import SourceIdentity
 
 
-def start_options(checkpoint: Checkpoint, stream: StreamConfig) -> dict[str, Any]:
-    """The $changeStream options that open the stream where the checkpoint says."""
-    if checkpoint.token is not None:
-        try:
-            token = token_from_json(checkpoint.token)
-        except (ValueError, TypeError) as exc:
-            raise StateStoreError(
-                f"The checkpoint of stream {stream.name!r} holds a damaged resume token "
-                f"({str(exc)[:120]}); nothing was drained.",
-                f"Run `tidemark reset {stream.name} --to-time T` with the time to restart from "
-                "(see `tidemark status`), or restore the state store from a backup.",
-            ) from None
-        # After an invalidate only startAfter may open a new stream past it.
-        key = "startAfter" if checkpoint.token_is_invalidate else "resumeAfter"
-        return {key: token}
-    if checkpoint.start_at_operation_time is not None:
-        return {"startAtOperationTime": unpack_ts(checkpoint.start_at_operation_time)}
-    if isinstance(stream.start, datetime):
-        return {"startAtOperationTime": datetime_to_ts(stream.start)}
-    return {}  # "now": the server starts at the current time
+@dataclass(frozen=True)
+class DrainRun:
+    """What every step of one drain works with: the stream and where it is read from and
+    written to, the lease it runs under, and the caller's seams."""
 
+    stream: StreamConfig
+    client: MongoClient
+    store: StateStore
+    lake_root: LakePath
+    lease: Lease
+    source: SourceIdentity  # the deployment this run reaches
+    started_at: datetime
+    clock: float  # time.monotonic() at the start
+    before_commit: Callable[[list[FileEntry]], None] | None = None
+    flush_rows: int = FLUSH_ROWS
+    after_chunk: Callable[[SnapshotRecord], None] | None = None
+    progress: ProgressCallback | None = None
 
-def position_time(checkpoint: Checkpoint, options: dict[str, Any]) -> Timestamp | None:
-    if checkpoint.cluster_time is not None:
-        return unpack_ts(checkpoint.cluster_time)
-    return options.get("startAtOperationTime")
+    def keep_alive(self) -> None:
+        self.store.renew_lease(self.lease, CAPTURE_LEASE_TTL)
+
+    def begin_snapshot(self, reason: str, supersedes: str | None = None) -> SnapshotRecord:
+        return begin_snapshot(
+            self.stream,
+            self.client,
+            self.store,
+            self.lease,
+            reason,
+            supersedes=supersedes,
+            source=self.source,
+        )
+
+    def copy_chunks(self, snapshot: SnapshotRecord) -> SnapshotRecord:
+        return copy_chunks(
+            self.stream,
+            self.client,
+            self.store,
+            self.lake_root,
+            self.lease,
+            snapshot,
+            self.after_chunk,
+            self.progress,
+        )
 
 
 def drain(
@@ -111,50 +119,26 @@ def drain(
     ensure_writable(lake_root)
     source = source_identity(client)
     lease = store.acquire_lease(stream.name, "capture", CAPTURE_LEASE_TTL)
+    run = DrainRun(
+        stream,
+        client,
+        store,
+        lake_root,
+        lease,
+        source,
+        started_at,
+        clock,
+        before_commit=before_commit,
+        flush_rows=flush_rows,
+        after_chunk=after_chunk,
+        progress=progress,
+    )
     try:
         # Under the lease: a run that may not drain must not change the stream's definition
         # either, or the running one would commit its token under the other's fingerprint.
         # A resnapshot may start on another deployment: its start records that one.
         store.ensure_stream(stream, source, new_source_ok=resnapshot)
-        snapshot = _snapshot_phase(
-            stream, client, store, lake_root, lease, resnapshot, after_chunk, progress, source
-        )
-        for attempt in (1, 2):
-            if snapshot is not None and snapshot.status != "done":
-                return _warned(
-                    _snapshot_result(stream, snapshot, started_at, clock), stream, client, source
-                )
-            try:
-                result = _incremental(
-                    stream,
-                    client,
-                    store,
-                    lake_root,
-                    lease,
-                    started_at,
-                    clock,
-                    before_commit,
-                    flush_rows,
-                    snapshot,
-                    source,
-                    progress,
-                )
-            except HistoryLost as lost:
-                if stream.on_history_lost != "resnapshot":
-                    raise
-                if attempt == 2:
-                    raise _outrun(stream, lost) from None
-                reason = "history lost"
-            else:
-                # A second rename-in after the copy: the unmoved position redoes it next run.
-                if not result.collection_replaced or attempt == 2:
-                    return _warned(result, stream, client, source)
-                reason = "collection replaced by a rename"
-            snapshot = begin_snapshot(stream, client, store, lease, reason, source=source)
-            snapshot = copy_chunks(
-                stream, client, store, lake_root, lease, snapshot, after_chunk, progress
-            )
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        return _drain_under_lease(run, resnapshot)
     finally:
         # When the state store itself failed, its error is the one to show; the lease then
         # expires, or is taken over once this process has ended.
@@ -162,13 +146,35 @@ def drain(
             store.release_lease(lease)
 
 
-def _warned(
-    result: DrainResult, stream: StreamConfig, client: MongoClient, source: SourceIdentity
-) -> DrainResult:
+def _drain_under_lease(run: DrainRun, resnapshot: bool) -> DrainResult:
+    """The snapshot due, then the change stream; once more after a copy the stream needed
+    (its history lost, or a rename-in), never twice."""
+    snapshot = _snapshot_phase(run, resnapshot)
+    for attempt in (1, 2):
+        if snapshot is not None and snapshot.status != "done":
+            return _warned(run, _snapshot_result(run, snapshot))
+        try:
+            result = _incremental(run, snapshot)
+        except HistoryLost as lost:
+            if run.stream.on_history_lost != "resnapshot":
+                raise
+            if attempt == 2:
+                raise _outrun(run.stream, lost) from None
+            reason = "history lost"
+        else:
+            # A second rename-in after the copy: the unmoved position redoes it next run.
+            if not result.collection_replaced or attempt == 2:
+                return _warned(run, result)
+            reason = "collection replaced by a rename"
+        snapshot = run.copy_chunks(run.begin_snapshot(reason))
+    raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _warned(run: DrainRun, result: DrainResult) -> DrainResult:
     """The result with a warning when the watched namespace does not exist (the run is not
     failed: a stream may wait for its collection to be created), or when the deployment's id
     could not be read (its guard then compares names only)."""
-    found = [missing_namespace(client, stream), unverified_identity(source)]
+    found = [missing_namespace(run.client, run.stream), unverified_identity(run.source)]
     return replace(result, warnings=[*result.warnings, *(w for w in found if w)])
 
 
@@ -198,46 +204,30 @@ def drain_until_caught_up(
             return events
 
 
-def _snapshot_phase(
-    stream: StreamConfig,
-    client: MongoClient,
-    store: StateStore,
-    lake_root: LakePath,
-    lease: Lease,
-    resnapshot: bool,
-    after_chunk: Callable[[SnapshotRecord], None] | None,
-    progress: ProgressCallback | None,
-    source: SourceIdentity,
-) -> SnapshotRecord | None:
+def _snapshot_phase(run: DrainRun, resnapshot: bool) -> SnapshotRecord | None:
     """Begin or continue a snapshot when one is due; None when there is none to do."""
-    snapshot = store.running_snapshot(stream.name)
-    checkpoint = store.checkpoint(stream.name)
+    stream = run.stream
+    snapshot = run.store.running_snapshot(stream.name)
+    checkpoint = run.store.checkpoint(stream.name)
     assert checkpoint is not None
     # A resnapshot on another deployment never continues a copy begun on the old one.
-    moved = checkpoint.source is not None and checkpoint.source.differs_from(source)
+    moved = checkpoint.source is not None and checkpoint.source.differs_from(run.source)
     if resnapshot and (snapshot is None or moved):
-        snapshot = begin_snapshot(
-            stream,
-            client,
-            store,
-            lease,
+        snapshot = run.begin_snapshot(
             "resnapshot requested" + (" on another deployment" if moved else ""),
             supersedes=snapshot.id if snapshot is not None else None,
-            source=source,
         )
     elif snapshot is None and stream.start == "snapshot" and not checkpoint.has_position:
-        snapshot = begin_snapshot(stream, client, store, lease, "initial", source=source)
+        snapshot = run.begin_snapshot("initial")
     if snapshot is None:
         return None
-    return copy_chunks(stream, client, store, lake_root, lease, snapshot, after_chunk, progress)
+    return run.copy_chunks(snapshot)
 
 
-def _snapshot_result(
-    stream: StreamConfig, snapshot: SnapshotRecord, started_at: datetime, clock: float
-) -> DrainResult:
-    at = unpack_ts(snapshot.cluster_time)
+def _snapshot_result(run: DrainRun, snapshot: SnapshotRecord) -> DrainResult:
+    at = snapshot.cluster_time
     return DrainResult(
-        stream=stream.name,
+        stream=run.stream.name,
         batch_id=None,
         events=0,
         bytes=0,
@@ -248,120 +238,77 @@ def _snapshot_result(
         last_cluster_time=None,
         token_cluster_time=at,
         horizon=at,
-        started_at=started_at,
-        duration_s=time.monotonic() - clock,
+        started_at=run.started_at,
+        duration_s=time.monotonic() - run.clock,
         snapshot=snapshot,
     )
 
 
-def _open_invalidated(checkpoint: Checkpoint, stream: StreamConfig) -> None:
-    """A stream whose checkpoint is an invalidate either stops there or goes on (startAfter)."""
-    if checkpoint.token_is_invalidate and stream.on_invalidate == "stop":
-        moment = ts_to_datetime(checkpoint.cluster_time)
-        when = f"at {moment:%Y-%m-%d %H:%M:%S} UTC " if moment else ""
-        raise StreamInvalidated(
-            f"Stream {stream.name!r} ended with an invalidate {when}"
-            f"({stream.namespace} was dropped or renamed), and "
-            "its on_invalidate is 'stop'; everything up to the invalidate is committed.",
-            "Set on_invalidate: continue to follow a re-created collection from there; if "
-            "another collection was renamed onto it, its documents were never events of the "
-            f"stream: then also run `tidemark resnapshot {stream.name}` to copy them. Or "
-            f"`tidemark reset {stream.name} --to-now` to start afresh.",
-        )
-
-
-def _incremental(
-    stream: StreamConfig,
-    client: MongoClient,
-    store: StateStore,
-    lake_root: LakePath,
-    lease: Lease,
-    started_at: datetime,
-    clock: float,
-    before_commit: Callable[[list[FileEntry]], None] | None,
-    flush_rows: int,
-    snapshot: SnapshotRecord | None,
-    source: SourceIdentity,
-    progress: ProgressCallback | None = None,
-) -> DrainResult:
-    checkpoint = store.checkpoint(stream.name)  # as of holding the lease
+def _incremental(run: DrainRun, snapshot: SnapshotRecord | None) -> DrainResult:
+    """One pass over the change stream from the checkpoint, to the horizon taken now, and its
+    commit (`checkpoint_rules` say where the pass opens and where the checkpoint moves)."""
+    stream = run.stream
+    checkpoint = run.store.checkpoint(stream.name)  # as of holding the lease
     assert checkpoint is not None
-    _open_invalidated(checkpoint, stream)
+    check_invalidate(checkpoint, stream)
     options = start_options(checkpoint, stream)
-    horizon = cluster_time(client)
+    horizon = cluster_time(run.client)
 
     def past_horizon(ts: Timestamp) -> bool:
         return ts > horizon
 
     bounds = PassBounds(past_horizon, stream.budget)
     batch_id = new_batch_id()
-    writer = RawBatchWriter(lake_root, stream.name, batch_id, flush_rows=flush_rows)
-    keep_alive = lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL)  # noqa: E731
+    writer = RawBatchWriter(run.lake_root, stream.name, batch_id, flush_rows=run.flush_rows)
     at = position_time(checkpoint, options)
-    meter = Meter(progress, stream.name, "drain", "events", phase="events")
-    one_pass = partial(capture_pass, counted=meter.count)
+    meter = Meter(run.progress, stream.name, "drain", "events", phase="events")
+
+    def one_pass(options: dict[str, Any]) -> Capture:
+        return capture_pass(
+            stream,
+            run.client,
+            writer,
+            options,
+            bounds,
+            run.keep_alive,
+            position_time=at,
+            counted=meter.count,
+        )
+
     try:
-        got = one_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
-    except ResumedFromInvalidate:
-        # Checkpoints committed before closed cursors were detected hold an invalidate's
-        # token unflagged; the server names it, so the stream goes on as the flag would say.
+        got = one_pass(options)
+    except ResumedFromInvalidate:  # an unflagged invalidate's token (rule 3)
         if checkpoint.token_is_invalidate:
             raise
-        checkpoint = replace(checkpoint, token_is_invalidate=True)
-        _open_invalidated(checkpoint, stream)
-        options = start_options(checkpoint, stream)
-        got = one_pass(stream, client, writer, options, bounds, keep_alive, position_time=at)
-    if before_commit is not None:
-        before_commit(writer.files)
-    token_json = token_to_json(got.token) if got.token is not None else None
-    token_ts = token_cluster_time(got.token) if got.token is not None else None
-    position = None
-    # The documents a rename brought into the watched collection were never events of this
-    # stream: only a copy has them. The position stays before the rename until the copy has
-    # begun (it moves the position itself), so a crash in between redoes this.
-    replaced = stream.on_invalidate == "continue" and got.renamed_into(stream)
-    # An unchanged token keeps its flag: a stream opened with startAfter at an invalidate
-    # reports that same token until something new arrives.
-    # A stream opened at a snapshot's time T (just after the newest operation) answers with a
-    # high-water mark at T before any operation at T exists. Unlike a mark at an operation's
-    # time, it does not cover an event at T that comes later (the server resumes before
-    # one): the position stays at T until the stream has gone past it.
-    ahead = (
-        not got.events
-        and checkpoint.token is None
-        and token_ts is not None
-        and pack_ts(token_ts) == checkpoint.start_at_operation_time
-        and is_high_water_mark(got.token)
+        checkpoint = as_invalidate(checkpoint)
+        check_invalidate(checkpoint, stream)
+        got = one_pass(start_options(checkpoint, stream))
+    if run.before_commit is not None:
+        run.before_commit(writer.files)
+    move = after_pass(checkpoint, got, stream, run.source)
+    batch = batch_record(
+        batch_id, stream.name, "incremental", got, writer.files, token_after=got.resume_token
     )
-    if token_json is not None and token_json != checkpoint.token and not (replaced or ahead):
-        position = NewPosition(
-            token=token_json,
-            token_is_invalidate=got.invalidated,
-            cluster_time=pack_ts(token_ts) if token_ts else None,
-            source=source,
-        )
-    batch = None
-    if got.events:
-        batch = batch_record(
-            batch_id, stream.name, "incremental", got, writer.files, token_after=token_json
-        )
     version = None
-    if batch is not None or position is not None:
-        version = store.commit_batch(
-            lease, checkpoint.version, batch, position, ttl=CAPTURE_LEASE_TTL
+    if got.events or move.position is not None:
+        version = run.store.commit_batch(
+            run.lease,
+            checkpoint.version,
+            batch if got.events else None,
+            move.position,
+            ttl=CAPTURE_LEASE_TTL,
         )
     meter.finish()  # committed
+    token = got.resume_token
     return DrainResult.of(
-        stream.name,
-        batch_id,
-        got,
-        writer.files,
+        batch,
+        got.stop,
         horizon,
-        started_at,
-        clock,
-        token_cluster_time=token_ts
-        or (unpack_ts(checkpoint.cluster_time) if checkpoint.cluster_time else None),
+        run.started_at,
+        run.clock,
+        token_cluster_time=(token.cluster_time if token is not None else None)
+        or checkpoint.cluster_time,
         checkpoint_version=version,
         snapshot=snapshot,
-        collection_replaced=replaced,
+        collection_replaced=move.collection_replaced,
     )

@@ -28,7 +28,7 @@ from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import HistoryLost, TidemarkError
 from tidemark.object_path import LakePath
-from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
+from tidemark.tokens import datetime_to_ts, ts_to_datetime
 
 
 class ReplayRefused(TidemarkError):
@@ -48,7 +48,7 @@ def check_window(stream: str, client: MongoClient, start: datetime, end: datetim
             "Replay it after its end; the incremental schedule covers the open window meanwhile.",
         )
     window = oplog_window(client)
-    if window is not None and pack_ts(datetime_to_ts(start)) < pack_ts(window.first):
+    if window is not None and datetime_to_ts(start) < window.first:
         raise ReplayRefused(
             f"The replay window [{_fmt(start)}, {_fmt(end)}) of stream {stream!r} starts before "
             f"the oplog's first entry ({_fmt(ts_to_datetime(window.first))}): its changes are no "
@@ -113,17 +113,17 @@ def replay(
             ) from None
         if before_commit is not None:
             before_commit(writer.files)
+        batch = batch_record(
+            batch_id,
+            stream.name,
+            "replay",
+            got,
+            writer.files,
+            window_start=start_ts,
+            window_end=end_ts,
+        )
         if got.events:
-            batch = batch_record(
-                batch_id,
-                stream.name,
-                "replay",
-                got,
-                writer.files,
-                window_start=pack_ts(start_ts),
-                window_end=pack_ts(end_ts),
-            )
             store.commit_batch(lease, None, batch, None, ttl=CAPTURE_LEASE_TTL)
     finally:
         store.release_lease(lease)
-    return DrainResult.of(stream.name, batch_id, got, writer.files, end_ts, started_at, clock)
+    return DrainResult.of(batch, got.stop, end_ts, started_at, clock)

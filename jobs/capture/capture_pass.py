@@ -43,7 +43,7 @@ from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import MongoConnectionError, TidemarkError
 from tidemark.pipeline_stages import capture_pipeline
-from tidemark.tokens import pack_ts, token_cluster_time, token_data
+from tidemark.tokens import ResumeToken, optional_token, token_cluster_time, token_data
 
 # How long a replay waits for the server to confirm its window's end (majority lag).
 END_WAIT_SECONDS = 600.0
@@ -90,6 +90,11 @@ class Capture:
             return False  # a database or cluster stream saw those documents (or their copy)
         watched = (stream.database, stream.collection)
         return any(r[:2] != watched and r[2:] == watched for r in self.renames)
+
+    @property
+    def resume_token(self) -> ResumeToken | None:
+        """`token`, typed: what the checkpoint and the manifest keep."""
+        return optional_token(self.token)
 
 
 @dataclass(frozen=True)
@@ -350,6 +355,8 @@ def batch_record(
     files: list[FileEntry],
     **extra: Any,
 ) -> BatchRecord:
+    """What the pass consumed as a batch of the manifest, also when it consumed nothing (a
+    run's result is made from it, `DrainResult.of`; only a batch with events is committed)."""
     return BatchRecord(
         id=batch_id,
         stream=stream,
@@ -360,7 +367,7 @@ def batch_record(
         events_by_type=dict(got.counts),
         first_event_id=got.first_id,
         last_event_id=got.last_id,
-        first_cluster_time=pack_ts(got.first_ts) if got.first_ts else None,
-        last_cluster_time=pack_ts(got.last_ts) if got.last_ts else None,
+        first_cluster_time=got.first_ts,
+        last_cluster_time=got.last_ts,
         **extra,
     )

@@ -10,8 +10,8 @@ from typing import Any
 
 from bson import Timestamp
 
-from jobs.capture.capture_pass import Capture, StopReason
-from state import FileEntry, SnapshotRecord
+from jobs.capture.capture_pass import StopReason
+from state import BatchRecord, FileEntry, SnapshotRecord
 
 
 @dataclass
@@ -46,27 +46,27 @@ class DrainResult:
     @classmethod
     def of(
         cls,
-        stream: str,
-        batch_id: str,
-        got: Capture,
-        files: list[FileEntry],
+        batch: BatchRecord,
+        stop: StopReason | None,
         horizon: Timestamp,
         started_at: datetime,
         clock: float,
         **extra: Any,
     ) -> DrainResult:
-        """The result of a pass that consumed `got` (a drain's or a replay's)."""
-        assert got.stop is not None, "every return of a pass says why it stopped"
+        """The result of a pass whose consumption is `batch` (`capture_pass.batch_record`,
+        committed only if it holds events) and that stopped for `stop` (a drain's or a
+        replay's)."""
+        assert stop is not None, "every return of a pass says why it stopped"
         return cls(
-            stream=stream,
-            batch_id=batch_id if got.events else None,
-            events=got.events,
-            bytes=got.bytes,
-            files=files,
-            events_by_type=dict(got.counts),
-            stop_reason=got.stop,
-            first_cluster_time=got.first_ts,
-            last_cluster_time=got.last_ts,
+            stream=batch.stream,
+            batch_id=batch.id if batch.event_count else None,
+            events=batch.event_count,
+            bytes=batch.bytes,
+            files=batch.files,
+            events_by_type=dict(batch.events_by_type),
+            stop_reason=stop,
+            first_cluster_time=batch.first_cluster_time,
+            last_cluster_time=batch.last_cluster_time,
             horizon=horizon,
             started_at=started_at,
             duration_s=time.monotonic() - clock,

@@ -53,7 +53,7 @@ from state import BatchRecord, Lease, SnapshotRecord, StateStore, new_batch_id
 from tidemark.config import StreamConfig
 from tidemark.errors import SnapshotPipelineError
 from tidemark.object_path import LakePath
-from tidemark.tokens import SourceIdentity, next_tick, pack_ts, unpack_ts
+from tidemark.tokens import SourceIdentity, next_tick
 
 
 def snapshot_event_id(at: Timestamp, suffix: str) -> str:
@@ -93,18 +93,12 @@ def begin_snapshot(
     # after its event: folded again (drained, or replayed late) a rename or drop at it would
     # clear the rows the copy holds for its target and move none.
     at = next_tick(cluster_time(client))
-    snapshot = SnapshotRecord(
+    snapshot = SnapshotRecord.starting(
         id=new_batch_id(),
         stream=stream.name,
         reason=reason,
-        cluster_time=pack_ts(at),
+        cluster_time=at,
         namespaces=namespaces(client, stream),
-        namespace_index=0,
-        last_key=None,
-        chunks=0,
-        documents=0,
-        bytes=0,
-        status="running",
         started_at=datetime.now(UTC),
     )
     store.start_snapshot(lease, snapshot, actor, supersedes, source)
@@ -112,7 +106,7 @@ def begin_snapshot(
 
 
 def _barrier(snapshot: SnapshotRecord, stream: StreamConfig) -> bytes:
-    at = unpack_ts(snapshot.cluster_time)
+    at = snapshot.cluster_time
     event: dict[str, Any] = {
         "_id": {"_data": snapshot_event_id(at, snapshot.id)},
         "operationType": SNAPSHOT_START,
@@ -347,7 +341,7 @@ class RenameWatch:
 
     def __init__(self, client: MongoClient, stream: StreamConfig, snapshot: SnapshotRecord):
         self.client, self.stream = client, stream
-        self.at = unpack_ts(snapshot.cluster_time)
+        self.at = snapshot.cluster_time
         self.position: dict[str, Any] = {"start_at_operation_time": self.at}
         self.sources: set[tuple[str, str]] = set()
 
@@ -389,7 +383,7 @@ def copy_chunks(
     if progress is not None:  # the metadata count: one cheap command per collection
         meter.enter("copy", total=estimated_documents(client, snapshot))
     max_seconds = stream.budget.max_seconds
-    at = unpack_ts(snapshot.cluster_time)
+    at = snapshot.cluster_time
     renames = RenameWatch(client, stream, snapshot)
     while snapshot.status != "done":
         if max_seconds and time.monotonic() - clock >= max_seconds:
@@ -415,10 +409,7 @@ def copy_chunks(
                 snapshot = begin_snapshot(
                     stream, client, store, lease, reason, supersedes=snapshot.id
                 )
-                at, renames = (
-                    unpack_ts(snapshot.cluster_time),
-                    RenameWatch(client, stream, snapshot),
-                )
+                at, renames = snapshot.cluster_time, RenameWatch(client, stream, snapshot)
                 continue
             first = snapshot.documents
             made = through_pipeline(client, stream, at, db, coll, chunk.rows)

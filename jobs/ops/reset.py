@@ -11,7 +11,7 @@ from state import NewPosition, StateStore
 from state.leases import RESET_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.errors import ResetTimeBeforeOplog, ResetTimeInFuture
-from tidemark.tokens import datetime_to_ts, pack_ts, ts_to_datetime
+from tidemark.tokens import datetime_to_ts, ts_to_datetime
 
 
 def reset_stream(
@@ -54,8 +54,8 @@ def reset_stream(
             lease,
             stream,
             NewPosition(
-                start_at_operation_time=pack_ts(target),
-                cluster_time=pack_ts(target),
+                start_at_operation_time=target,
+                cluster_time=target,
                 source=source_identity(client),
             ),
             description,

@@ -11,7 +11,7 @@ from jobs.capture.namespaces import missing_namespace
 from resources.mongo import cluster_time, oplog_window
 from state import BatchRecord, StateStore
 from tidemark.config import StreamConfig
-from tidemark.tokens import ts_to_datetime, unpack_ts
+from tidemark.tokens import ts_to_datetime
 
 YOUNG_OPLOG_SECONDS = 3600
 
@@ -81,10 +81,10 @@ def stream_status(stream: StreamConfig, client: MongoClient, store: StateStore) 
     window = oplog_window(client)
     lag = headroom = None
     if position is not None:
-        lag = max(0, now_ts.time - unpack_ts(position).time)
+        lag = max(0, now_ts.time - position.time)
         if window is not None:
             # The position falls off when the oplog's window, once full, no longer reaches it.
-            headroom = window.projected_seconds - (window.last.time - unpack_ts(position).time)
+            headroom = window.projected_seconds - (window.last.time - position.time)
     return StreamStatus(
         stream=stream.name,
         namespace=stream.namespace,

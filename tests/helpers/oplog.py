@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
+from bson import Timestamp
 from pymongo import MongoClient
 
 from resources.mongo import oplog_window
-from tidemark.tokens import pack_ts
 
 
-def roll_oplog_past(client: MongoClient, packed_ts: int) -> None:
-    """Write to a tiny oplog until its first entry lies after `packed_ts`.
+def roll_oplog_past(client: MongoClient, ts: Timestamp) -> None:
+    """Write to a tiny oplog until its first entry lies after `ts`.
 
     Truncation happens only after a checkpoint and on a later write, so write, fsync, repeat.
     """
@@ -20,7 +20,7 @@ def roll_oplog_past(client: MongoClient, packed_ts: int) -> None:
         client.shop.filler.insert_many([{"blob": blob} for _ in range(20)])
         client.admin.command("fsync")
         window = oplog_window(client)
-        if window and pack_ts(window.first) > packed_ts:
+        if window and window.first > ts:
             return
         time.sleep(0.5)
     raise AssertionError("the oplog was never truncated past the token")

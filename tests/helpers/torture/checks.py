@@ -21,6 +21,7 @@ from tests.helpers.torture.scheduler import FOLD_STREAMS, Sample, Torture
 from tidemark.config import StreamConfig
 from tidemark.object_path import LakePath
 from tidemark.tokens import (
+    pack_ts,
     token_from_json,
     unpack_ts,
 )
@@ -49,7 +50,7 @@ def segments(store: StateStore, name: str, plain_starts: list[int]) -> list[Segm
     A snapshot's move starts at the snapshot's time; a reset records only its description,
     so `plain_starts` gives the targets of the plain resets, in order."""
     plain = iter(plain_starts)
-    snapshot_times = {s.id: s.cluster_time for s in store.snapshots(name)}
+    snapshot_times = {s.id: pack_ts(s.cluster_time) for s in store.snapshots(name)}
     found: list[Segment] = []
     for reset in store.resets(name):
         if found:
@@ -59,7 +60,7 @@ def segments(store: StateStore, name: str, plain_starts: list[int]) -> list[Segm
         found.append(Segment(start, reset["at"].replace(tzinfo=UTC)))
     checkpoint = store.checkpoint(name)
     if found and checkpoint is not None:
-        found[-1].end = checkpoint.token
+        found[-1].end = checkpoint.token.to_json() if checkpoint.token else None
     return found
 
 
@@ -86,11 +87,11 @@ class Oracle:
             segs = self._segments(name)
             batches = t.store.batches(name)
             replays = [b for b in batches if b.source == "replay" and b.window_start is not None]
-            starts = [s.start for s in segs] + [b.window_start for b in replays]
+            starts = [s.start for s in segs] + [pack_ts(b.window_start) for b in replays]
             refs, lost = self._reference(stream, starts, segs)
             if lost:  # the tiny oplog rolled past: only what it still holds is checked
                 segs = [s for s in segs if s.start >= lost]
-                replays = [b for b in replays if b.window_start >= lost]
+                replays = [b for b in replays if pack_ts(b.window_start) >= lost]
             expected = self._expected(stream, refs, segs, replays)
             self._check_current(name, stream, refs, expected)
             self._check_changes(name, refs, expected, lost)
@@ -135,7 +136,7 @@ class Oracle:
                         break
         for batch in replays:
             for e in refs:
-                if batch.window_start <= e.ts < batch.window_end:
+                if pack_ts(batch.window_start) <= e.ts < pack_ts(batch.window_end):
                     chosen[e.data] = e
                     if e.op == "invalidate" and stream.on_invalidate == "stop":
                         break
@@ -241,7 +242,7 @@ class Oracle:
                 continue  # its files are gone: the files check says so
             want = []
             for e in refs:
-                if batch.window_start <= e.ts < batch.window_end:
+                if pack_ts(batch.window_start) <= e.ts < pack_ts(batch.window_end):
                     want.append(e)
                     if e.op == "invalidate" and stream.on_invalidate == "stop":
                         break
@@ -249,8 +250,8 @@ class Oracle:
             if lacking:
                 first = lacking[0]
                 problems.append(
-                    f"replay batch {batch.id} window [{unpack_ts(batch.window_start)}, "
-                    f"{unpack_ts(batch.window_end)}) holds {len(held)} of {len(want)} events; "
+                    f"replay batch {batch.id} window [{batch.window_start}, "
+                    f"{batch.window_end}) holds {len(held)} of {len(want)} events; "
                     f"first missing: {first.op} {first.db}.{first.coll} at {unpack_ts(first.ts)}"
                     f" (last held op: {batch.events_by_type})"
                 )
@@ -280,7 +281,7 @@ class Oracle:
                 committed[i] = min(committed.get(i, at), at)
         samples = [s for s in self.t.samples if s.stream == name]
         samples += [
-            Sample(name, b.committed_at.replace(tzinfo=UTC), b.token_after)
+            Sample(name, b.committed_at.replace(tzinfo=UTC), b.token_after.to_json())
             for b in batches
             if b.source == "incremental" and b.token_after
         ]

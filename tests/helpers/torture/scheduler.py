@@ -144,7 +144,7 @@ class Torture:
                 reset_stream(stream, self.client, self.store, to_time=None, actor="torture")
                 checkpoint = self.store.checkpoint(name)
                 assert checkpoint is not None and checkpoint.start_at_operation_time is not None
-                self.reset_starts[name] = [checkpoint.start_at_operation_time]
+                self.reset_starts[name] = [pack_ts(checkpoint.start_at_operation_time)]
             else:
                 drain(stream, self.raw, self.store, self.lake, resnapshot=True)
             self.log.add(f"start {name}: {'reset to now' if name in FOLD_STREAMS else 'snapshot'}")
@@ -156,7 +156,9 @@ class Torture:
                 with contextlib.suppress(TidemarkError):
                     checkpoint = store.checkpoint(name)
                     if checkpoint is not None and checkpoint.token is not None:
-                        self.samples.append(Sample(name, datetime.now(UTC), checkpoint.token))
+                        self.samples.append(
+                            Sample(name, datetime.now(UTC), checkpoint.token.to_json())
+                        )
         store.close()
 
     def _loop(self, name: str, body: Callable[[], None]) -> None:
@@ -311,7 +313,7 @@ class Torture:
             for name in self.streams:
                 leases.append(self.store.acquire_lease(name, "capture", timedelta(minutes=5)))
             positions = [
-                c.cluster_time
+                pack_ts(c.cluster_time)
                 for c in (self.store.checkpoint(n) for n in self.streams)
                 if c is not None and c.cluster_time is not None
             ]
