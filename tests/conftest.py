@@ -215,12 +215,11 @@ def store(state_url: str) -> Iterator[StateStore]:
     s.close()
 
 
-@pytest.fixture
-def make_stream(db_name: str) -> Callable[..., StreamConfig]:
+def _stream_maker(database: str) -> Callable[..., StreamConfig]:
     def make(**overrides: Any) -> StreamConfig:
         fields: dict[str, Any] = {
             "name": "orders",
-            "database": db_name,
+            "database": database,
             "collection": "orders",
             "max_await_time_ms": 300,
         }
@@ -228,6 +227,19 @@ def make_stream(db_name: str) -> Callable[..., StreamConfig]:
         return StreamConfig.model_validate(fields)
 
     return make
+
+
+@pytest.fixture
+def make_stream(db_name: str) -> Callable[..., StreamConfig]:
+    """A stream over the test's own database on the session's mongod."""
+    return _stream_maker(db_name)
+
+
+@pytest.fixture
+def make_config() -> Callable[..., StreamConfig]:
+    """The same stream config with no mongod behind it, for tests of the state store and the
+    lake alone (the fast tier)."""
+    return _stream_maker(f"t_{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
