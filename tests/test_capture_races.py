@@ -18,7 +18,6 @@ import jobs.capture._drain as drain_module
 import jobs.capture._replay as replay_module
 import jobs.capture.capture_pass as capture_pass
 from jobs.capture import drain, drain_until_caught_up, replay
-from jobs.capture.capture_pass import WindowNotConfirmed
 from jobs.capture.reader import ChangeStreamReader
 from jobs.ops import collect_garbage
 from resources.mongo import connect
@@ -28,6 +27,7 @@ from tidemark.errors import (
     MongoConnectionError,
     StreamDefinitionChanged,
     StreamInvalidated,
+    WindowNotConfirmed,
 )
 from tidemark.tokens import ResumeToken
 

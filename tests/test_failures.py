@@ -9,7 +9,6 @@ import pytest
 from pymongo import MongoClient
 
 from jobs.capture import _replay, drain, replay
-from jobs.capture._replay import ReplayRefused
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
@@ -19,6 +18,7 @@ from tidemark.errors import (
     HistoryLost,
     LakeError,
     MongoConnectionError,
+    ReplayRefused,
     ReplicaSetRequired,
     StateStoreError,
     StreamDefinitionChanged,

@@ -15,7 +15,7 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 
 from jobs.capture import drain
-from jobs.capture._fragments import FragmentOutOfOrder, fragment_of, whole_events
+from jobs.capture._fragments import fragment_of, whole_events
 from jobs.capture.capture_pass import PassBounds, capture_pass
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.writer import RawBatchWriter
@@ -28,7 +28,7 @@ from tests.helpers.drain_child import start_drain_child, wait_until_ready
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import current_state, source_state
 from tests.helpers.split_events import fragment_tokens, rebuild, watched_fragments
-from tidemark.errors import SplitStageRequired
+from tidemark.errors import FragmentOutOfOrder, SplitStageRequired
 
 pytestmark = pytest.mark.servers("6.0.27")
 

@@ -12,11 +12,12 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from jobs.capture import ReplayRefused, replay
+from jobs.capture import replay
 from orchestration.definitions import build_definitions
 from orchestration.resources import build_resources
 from tests.helpers.lake_reading import committed_table
 from tidemark.config import TidemarkConfig
+from tidemark.errors import ReplayRefused
 from tidemark.tokens import datetime_to_ts
 
 # The run tags a single-run backfill of a partition range carries.

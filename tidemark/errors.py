@@ -16,8 +16,30 @@ class TidemarkError(Exception):
         super().__init__(f"{self.problem} {self.fix}".strip())
 
 
+# -- The streams file and the command line --------------------------------------------------------
+
+
 class ConfigError(TidemarkError):
     """The streams config file is missing, malformed or invalid."""
+
+
+class WebhookUrlUnset(ConfigError):
+    """The notifications' webhook URL names an environment variable that is unset here."""
+
+
+class UnknownStream(TidemarkError):
+    """A stream name that the config does not declare."""
+
+
+class StreamArgumentMissing(TidemarkError):
+    """A command over streams was given neither one stream nor --all (or was given both)."""
+
+
+class WorkloadStreamMissing(TidemarkError):
+    """`tidemark workload` found no collection or database stream in the config to write to."""
+
+
+# -- The source: MongoDB and which deployment a checkpoint belongs to -----------------------------
 
 
 class MongoConnectionError(TidemarkError):
@@ -32,12 +54,23 @@ class EmbeddedMongoError(TidemarkError):
     """The embedded mongod (demo and tests) could not be started."""
 
 
+class SourceChanged(TidemarkError):
+    """MONGODB_URI reaches another deployment than the one the stream's checkpoint came from."""
+
+
 class StreamDefinitionChanged(TidemarkError):
     """A stream's definition no longer matches the one its checkpoint was taken with."""
 
 
+# -- Capture: the change stream, its history, snapshots and replays -------------------------------
+
+
 class StreamInvalidated(TidemarkError):
     """The watched collection or database went away and the stream is set to stop there."""
+
+
+class ResumedFromInvalidate(TidemarkError):
+    """resumeAfter was given an invalidate's token: the caller may open with startAfter."""
 
 
 class HistoryLost(TidemarkError):
@@ -47,6 +80,53 @@ class HistoryLost(TidemarkError):
 class SnapshotOutrun(HistoryLost):
     """A copy made because the history was lost was itself outrun by the oplog before the
     stream could go on from it: the oplog holds less than one copy's time."""
+
+
+class SnapshotPipelineError(TidemarkError):
+    """The stream's pipeline makes of a snapshot document's insert event something a snapshot
+    row cannot be (no fullDocument, or one with another _id)."""
+
+
+class SplitStageRequired(TidemarkError):
+    """The stream stands after an event the server split (over 16 MB) and was opened without
+    $changeStreamSplitLargeEvent, which resuming there needs."""
+
+
+class FragmentOutOfOrder(TidemarkError):
+    """The stream delivered a fragment without the ones before it."""
+
+
+class ResumeTokenRejected(TidemarkError):
+    """The server rejected the stored resume token as invalid: the checkpoint looks damaged."""
+
+
+class EventTooLarge(TidemarkError):
+    """A change event is over MongoDB's 16 MB limit and the server cannot split it (or was not
+    asked to), so it cannot be delivered."""
+
+
+class ChangeStreamFailed(TidemarkError):
+    """The change stream failed on the server for a reason Tidemark has no better name for."""
+
+
+class WindowNotConfirmed(TidemarkError):
+    """The server never showed a replay window's end as passed: it could not be complete."""
+
+
+class ReplayRefused(TidemarkError):
+    """A window that cannot be replayed exactly: not closed yet, or older than the oplog."""
+
+
+class ResetTimeInFuture(TidemarkError):
+    """`tidemark reset --to-time` was given a time that has not come yet."""
+
+
+class ResetTimeBeforeOplog(TidemarkError):
+    """`tidemark reset --to-time` was given a time before the oplog's first entry: the changes
+    since then are gone from the server."""
+
+
+# -- The state store: leases, checkpoints and its own health --------------------------------------
 
 
 class LeaseHeld(TidemarkError):
@@ -65,12 +145,22 @@ class StateStoreError(TidemarkError):
     """The SQL state store is unreachable, of another schema version, or holds bad data."""
 
 
+# -- The lake and its servers ---------------------------------------------------------------------
+
+
 class LakeError(TidemarkError):
     """The lake directory cannot be written or holds something unexpected."""
 
 
-class UnknownStream(TidemarkError):
-    """A stream name that the config does not declare."""
+class LakeUrlUnsupported(LakeError):
+    """TIDEMARK_LAKE is a URL of a kind Tidemark cannot write (hdfs://, another host's file://)."""
+
+
+class EmbeddedS3Error(TidemarkError):
+    """The local S3 server (SeaweedFS, for `make demo LAKE=s3` and the tests) could not start."""
+
+
+# -- The transform: Spark and the curated Delta tables --------------------------------------------
 
 
 class SparkUnavailable(TidemarkError):
@@ -79,39 +169,6 @@ class SparkUnavailable(TidemarkError):
 
 class SparkServerError(SparkUnavailable):
     """The local Spark Connect server did not start, or did not answer; its log says why."""
-
-
-class TransformConflict(TidemarkError):
-    """Another transform committed a version of this stream first; nothing was committed."""
-
-
-# --- issue 23, item 1: fields a stream removes (snapshot rows through the pipeline) ---
-
-
-class SnapshotPipelineError(TidemarkError):
-    """The stream's pipeline makes of a snapshot document's insert event something a snapshot
-    row cannot be (no fullDocument, or one with another _id)."""
-
-
-# --- Dagster entry points, the streams file per stream, the UI's process (issue 23, 8-13) ---
-
-
-class DagsterUiRunning(TidemarkError):
-    """`tidemark ui` found the home's Dagster UI already running."""
-
-
-# -- issue 23: the source a checkpoint belongs to, and the lake's location ---------------------
-
-
-class SourceChanged(TidemarkError):
-    """MONGODB_URI reaches another deployment than the one the stream's checkpoint came from."""
-
-
-class LakeUrlUnsupported(LakeError):
-    """TIDEMARK_LAKE is a URL of a kind Tidemark cannot write (hdfs://, another host's file://)."""
-
-
-# --- issue 23 (CLI and Spark failures): Spark's own failures, translated at the transform ---
 
 
 class SparkServerLost(SparkUnavailable):
@@ -127,7 +184,8 @@ class SparkQueryFailed(TidemarkError):
     """A Spark query failed on the JVM side for a reason Tidemark has no better name for."""
 
 
-# -- Delta Lake tables (issue 24) ------------------------------------------------------------
+class TransformConflict(TidemarkError):
+    """Another transform committed a version of this stream first; nothing was committed."""
 
 
 class LegacyCuratedZone(TidemarkError):
@@ -146,57 +204,12 @@ class SchemaFrozen(TidemarkError):
     """A stream with `schema: freeze` met a field its table lacks or a type it does not hold."""
 
 
-# -- Metrics and alerts (issue 26, item 3) ----------------------------------------------------
+# -- Processes Tidemark serves --------------------------------------------------------------------
 
 
-class WebhookUrlUnset(ConfigError):
-    """The notifications' webhook URL names an environment variable that is unset here."""
+class DagsterUiRunning(TidemarkError):
+    """`tidemark ui` found the home's Dagster UI already running."""
 
 
 class MetricsServerError(TidemarkError):
     """`tidemark metrics serve` cannot listen where it was asked to (port taken, bad host)."""
-
-
-# --- issue 26 item 1: the lake on object storage ---
-
-
-class EmbeddedS3Error(TidemarkError):
-    """The local S3 server (SeaweedFS, for `make demo LAKE=s3` and the tests) could not start."""
-
-
-# --- issue 27 item 6: every error raised on purpose has a name of its own ---
-
-
-class StreamArgumentMissing(TidemarkError):
-    """A command over streams was given neither one stream nor --all (or was given both)."""
-
-
-class WorkloadStreamMissing(TidemarkError):
-    """`tidemark workload` found no collection or database stream in the config to write to."""
-
-
-class ResetTimeInFuture(TidemarkError):
-    """`tidemark reset --to-time` was given a time that has not come yet."""
-
-
-class ResetTimeBeforeOplog(TidemarkError):
-    """`tidemark reset --to-time` was given a time before the oplog's first entry: the changes
-    since then are gone from the server."""
-
-
-class SplitStageRequired(TidemarkError):
-    """The stream stands after an event the server split (over 16 MB) and was opened without
-    $changeStreamSplitLargeEvent, which resuming there needs."""
-
-
-class ResumeTokenRejected(TidemarkError):
-    """The server rejected the stored resume token as invalid: the checkpoint looks damaged."""
-
-
-class EventTooLarge(TidemarkError):
-    """A change event is over MongoDB's 16 MB limit and the server cannot split it (or was not
-    asked to), so it cannot be delivered."""
-
-
-class ChangeStreamFailed(TidemarkError):
-    """The change stream failed on the server for a reason Tidemark has no better name for."""

@@ -8,13 +8,12 @@ BSON walker that the transform shares (`jobs.bson_buffer`).
 """
 
 from jobs.capture._drain import drain, drain_until_caught_up
-from jobs.capture._replay import ReplayRefused, replay
+from jobs.capture._replay import replay
 from jobs.capture.capture_pass import StopReason
 from jobs.capture.drain_result import DrainResult
 
 __all__ = [
     "DrainResult",
-    "ReplayRefused",
     "StopReason",
     "drain",
     "drain_until_caught_up",

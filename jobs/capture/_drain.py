@@ -29,7 +29,6 @@ from jobs.capture.checkpoint_rules import (
 )
 from jobs.capture.drain_result import DrainResult
 from jobs.capture.namespaces import missing_namespace
-from jobs.capture.server_errors import ResumedFromInvalidate
 from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
@@ -44,7 +43,7 @@ from state import (
 )
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import StreamConfig
-from tidemark.errors import HistoryLost, SnapshotOutrun, StateStoreError
+from tidemark.errors import HistoryLost, ResumedFromInvalidate, SnapshotOutrun, StateStoreError
 from tidemark.object_path import LakePath
 from tidemark.tokens import SourceIdentity
 

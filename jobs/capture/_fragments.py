@@ -32,7 +32,7 @@ from pymongo import MongoClient
 from jobs.bson_buffer import RawDocuments, elements, int32_at
 from jobs.capture.reader import Reply
 from resources.mongo import RAW_CODEC
-from tidemark.errors import TidemarkError
+from tidemark.errors import FragmentOutOfOrder
 
 # A fragment's marker as it sits in BSON: a document element named splitEvent. A reply whose
 # buffer lacks these bytes holds no fragment (the common case: one search, no walk).
@@ -44,10 +44,6 @@ def server_splits(client: MongoClient) -> bool:
     6.0.9 (the rapid releases 6.1-6.3 do not)."""
     version = tuple(client.server_info()["versionArray"][:3])
     return version >= (7, 0, 0) or (6, 0, 9) <= version < (6, 1, 0)
-
-
-class FragmentOutOfOrder(TidemarkError):
-    """The stream delivered a fragment without the ones before it."""
 
 
 @dataclass(frozen=True)

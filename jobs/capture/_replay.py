@@ -26,13 +26,9 @@ from resources.mongo import cluster_time, oplog_window, source_identity
 from state import FileEntry, StateStore, new_batch_id
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
-from tidemark.errors import HistoryLost, TidemarkError
+from tidemark.errors import HistoryLost, ReplayRefused
 from tidemark.object_path import LakePath
 from tidemark.tokens import datetime_to_ts, ts_to_datetime
-
-
-class ReplayRefused(TidemarkError):
-    """A window that cannot be replayed exactly: not closed yet, or older than the oplog."""
 
 
 def _fmt(moment: datetime | None) -> str:

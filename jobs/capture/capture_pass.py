@@ -41,7 +41,7 @@ from jobs.capture.writer import RawBatchWriter
 from state import BatchRecord, BatchSource, FileEntry
 from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
-from tidemark.errors import MongoConnectionError, TidemarkError
+from tidemark.errors import MongoConnectionError, WindowNotConfirmed
 from tidemark.pipeline_stages import capture_pipeline
 from tidemark.tokens import ResumeToken, optional_token, token_cluster_time, token_data
 
@@ -59,10 +59,6 @@ StopReason = Literal[
     "closed",  # the replies ended without one saying why (a safeguard: a closed one ends it)
     "snapshot_in_progress",  # the drain copied snapshot chunks and stopped before the stream
 ]
-
-
-class WindowNotConfirmed(TidemarkError):
-    """The server never showed a replay window's end as passed: it could not be complete."""
 
 
 @dataclass

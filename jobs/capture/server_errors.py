@@ -14,6 +14,7 @@ from tidemark.errors import (
     HistoryLost,
     MongoConnectionError,
     ReplicaSetRequired,
+    ResumedFromInvalidate,
     ResumeTokenRejected,
     SplitStageRequired,
     TidemarkError,
@@ -53,10 +54,6 @@ def _server_version(client: MongoClient) -> str:
         return str(client.server_info()["version"])
     except PyMongoError:
         return "unknown version"
-
-
-class ResumedFromInvalidate(TidemarkError):
-    """resumeAfter was given an invalidate's token: the caller may open with startAfter."""
 
 
 def translate(
