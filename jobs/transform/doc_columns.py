@@ -1,9 +1,9 @@
 """Document fields as columns: Spark's JSON schema inference, merged across versions.
 
-New rows get their plain JSON (`_tm_json`) from the document once; the schema is the previous
-version's merged with what Spark infers from the new rows, and a field whose type changes
-widens to string (Spark then keeps the raw JSON text of non-string values, so no value is
-lost). The canonical document stays beside the columns as the lossless truth.
+New rows get their plain JSON (`curated_zone.TM_JSON`) from the document once; the schema is
+the previous version's merged with what Spark infers from the new rows, and a field whose type
+changes widens to string (Spark then keeps the raw JSON text of non-string values, so no value
+is lost). The canonical document stays beside the columns as the lossless truth.
 
 The per-row Python runs in Arrow UDFs (batches of pyarrow arrays, no pandas in between):
 `documents_udf` renders an event's canonical documents and the plain JSON of its full
@@ -31,7 +31,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.curated_zone import PLAIN_JSON
+from jobs.curated_zone import OWN_PREFIX, TM_DELETED, TM_DOCUMENT, TM_JSON
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
 
@@ -51,8 +51,8 @@ INFER_OPTIONS = {**JSON_OPTIONS, "dropFieldIfAllNull": "true"}
 
 DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
 # documents_udf's struct: DOCUMENT_FIELDS, then the full document's plain JSON as the state's
-# `_tm_json` column has it (null where there is no full document).
-DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(PLAIN_JSON, StringType())])
+# TM_JSON column has it (null where there is no full document).
+DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(TM_JSON, StringType())])
 
 
 def documents_json(raw: bytes) -> tuple[str | None, ...]:
@@ -94,11 +94,11 @@ def flatten_udf(documents: pa.Array) -> pa.Array:
 
 
 def with_json(state: DataFrame) -> DataFrame:
-    """Fill `_tm_json` on rows that lack it, calling Python only for those rows (tombstones
+    """Fill TM_JSON on rows that lack it, calling Python only for those rows (tombstones
     and barriers have no document, so no JSON)."""
-    missing = F.col("_tm_json").isNull() & ~F.col("_tm_deleted")
+    missing = F.col(TM_JSON).isNull() & ~F.col(TM_DELETED)
     have = state.where(~missing)
-    need = state.where(missing).withColumn("_tm_json", flatten_udf(F.col("_tm_document")))
+    need = state.where(missing).withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
     return have.unionByName(need)
 
 
@@ -155,12 +155,13 @@ def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
 
 
 def field_columns(schema: StructType) -> StructType:
-    """The document fields that become columns: not Tidemark's own names (`_tm_*`), and of
+    """The document fields that become columns: not Tidemark's own names (OWN_PREFIX), and of
     names that differ only in case (which Delta and most engines hold one column or field
-    for), the first, at every depth; the others stay in `_tm_document`."""
+    for), the first, at every depth; the others stay in TM_DOCUMENT only."""
     deduplicated = _first_of_case_twins(schema)
     assert isinstance(deduplicated, StructType)
-    return StructType([f for f in deduplicated.fields if not f.name.lower().startswith("_tm_")])
+    kept = [f for f in deduplicated.fields if not f.name.lower().startswith(OWN_PREFIX)]
+    return StructType(kept)
 
 
 def _first_of_case_twins(dtype: DataType) -> DataType:
@@ -187,7 +188,7 @@ def expand(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:
     fields = field_columns(schema).fields
     if not fields:
         return rows.select(*keep)
-    parsed = F.from_json(F.col(PLAIN_JSON), StructType(fields), JSON_OPTIONS)
+    parsed = F.from_json(F.col(TM_JSON), StructType(fields), JSON_OPTIONS)
     return rows.select(*keep, *(parsed.getField(f.name).alias(f.name) for f in fields))
 
 
