@@ -5,10 +5,11 @@ the previous version's merged with what Spark infers from the new rows, and a fi
 changes widens to string (Spark then keeps the raw JSON text of non-string values, so no value
 is lost). The canonical document stays beside the columns as the lossless truth.
 
-The per-row Python runs in Arrow UDFs (batches of pyarrow arrays, no pandas in between):
-`documents_udf` renders an event's canonical documents and the plain JSON of its full
-document in one pass over the raw BSON; `document_json_udf` the canonical ones alone;
-`flatten_udf` the plain JSON of rows that only have the canonical text.
+The per-row Python runs in Arrow UDFs (batches of pyarrow arrays, no pandas in between), made
+on first use (`udfs`): `documents_udf` renders an event's canonical documents and the plain
+JSON of its full document in one pass over the raw BSON; `document_json_udf` the canonical
+ones alone; `flatten_udf` the plain JSON of rows that only have the canonical text. Their
+bodies (`*_arrays`) are plain functions of pyarrow arrays.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import json
 
 import bsonjs
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import (
     ArrayType,
     DataType,
@@ -34,6 +34,7 @@ from pyspark.sql.types import (
 from jobs.curated_zone import OWN_PREFIX, TM_DELETED, TM_DOCUMENT, TM_JSON
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
+from jobs.transform.udfs import arrow_udf_of
 
 # A BSON date is written by `flatten` as exactly this form of ISO 8601 (UTC, milliseconds), and
 # read back as a timestamp: a field whose every value is such an instant becomes a timestamp
@@ -76,21 +77,31 @@ def _struct(rows: list[tuple[str | None, ...]], schema: StructType) -> pa.Struct
     )
 
 
-@arrow_udf(DOCUMENTS_TYPE)
-def documents_udf(raw: pa.Array) -> pa.Array:
+def documents_arrays(raw: pa.Array) -> pa.Array:
     """The events' canonical documents and plain JSON, from the raw zone's BSON bytes."""
     return _struct([_rendered(d) for d in events_documents(raw)], DOCUMENTS_TYPE)
 
 
-@arrow_udf(DOCUMENT_JSON_TYPE)
-def document_json_udf(raw: pa.Array) -> pa.Array:
+def document_json_arrays(raw: pa.Array) -> pa.Array:
     """The events' documents as canonical Extended JSON, from the raw zone's BSON bytes."""
     return _struct([_canonical(d) for d in events_documents(raw)], DOCUMENT_JSON_TYPE)
 
 
-@arrow_udf(StringType())
-def flatten_udf(documents: pa.Array) -> pa.Array:
+def flatten_arrays(documents: pa.Array) -> pa.Array:
+    """Canonical Extended JSON documents as plain JSON (`extjson.flatten`)."""
     return pa.array([flatten(d) for d in documents.to_pylist()], pa.string())
+
+
+def documents_udf(raw: Column | str) -> Column:
+    return arrow_udf_of(documents_arrays, DOCUMENTS_TYPE)(raw)
+
+
+def document_json_udf(raw: Column | str) -> Column:
+    return arrow_udf_of(document_json_arrays, DOCUMENT_JSON_TYPE)(raw)
+
+
+def flatten_udf(documents: Column | str) -> Column:
+    return arrow_udf_of(flatten_arrays, StringType())(documents)
 
 
 def with_json(state: DataFrame) -> DataFrame:

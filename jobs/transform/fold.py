@@ -33,9 +33,8 @@ import bsonjs
 import pyarrow as pa
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import StringType
 
 from jobs.curated_zone import (
@@ -49,6 +48,7 @@ from jobs.curated_zone import (
     TM_KEY,
 )
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
+from jobs.transform.udfs import arrow_udf_of
 
 KEY = [TM_DB, TM_COLL, TM_KEY]  # a document's key across the stream's collections
 KEY_OPERATIONS = ["insert", "update", "replace", "delete", SNAPSHOT]
@@ -106,9 +106,13 @@ def id_key(document_key: str | None) -> str | None:
     return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
 
 
-@arrow_udf(StringType())
-def id_key_udf(document_keys: pa.Array) -> pa.Array:
+def id_key_arrays(document_keys: pa.Array) -> pa.Array:
+    """`id_key` of each documentKey."""
     return pa.array([id_key(k) for k in document_keys.to_pylist()], pa.string())
+
+
+def id_key_udf(document_keys: Column | str) -> Column:
+    return arrow_udf_of(id_key_arrays, StringType())(document_keys)
 
 
 def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:
