@@ -25,7 +25,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, StructType
+from pyspark.sql.types import StructType
 
 from jobs.curated_zone import (
     CURRENT_META,
@@ -58,6 +58,7 @@ from jobs.transform.doc_columns import (
     flatten_udf,
     infer_schema,
     merge_schemas,
+    only_adds,
     schema_changes,
 )
 from jobs.transform.fold import (
@@ -265,7 +266,7 @@ class Fold:
             report = self.result.schema.setdefault(key, {"added": [], "widened": []})
             report["added"] += [c for c in changes["added"] if c not in report["added"]]
             report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
-        if any(not _only_adds(f.dataType, _type_of(merged, f.name)) for f in old.fields):
+        if not only_adds(old, merged):
             self._rewrite(ns, merged, slot)
         self.result.tables[ns] = merged
         return merged
@@ -374,22 +375,6 @@ class Fold:
         )
         schema = self._schema_for(target, self._table_schema(source), rewrite)
         self._merge_current(target, expand(rows, schema, META), merge)
-
-
-def _type_of(schema: StructType, name: str) -> DataType | None:
-    return next((f.dataType for f in schema.fields if f.name == name), None)
-
-
-def _only_adds(old: DataType, new: DataType | None) -> bool:
-    """True when `new` is `old` with fields added (inside structs, at any depth): what Delta's
-    schema evolution takes without a rewrite."""
-    if new is None or old == new:
-        return new is not None
-    if isinstance(old, StructType) and isinstance(new, StructType):
-        return all(_only_adds(f.dataType, _type_of(new, f.name)) for f in old.fields)
-    if isinstance(old, ArrayType) and isinstance(new, ArrayType):
-        return _only_adds(old.elementType, new.elementType)
-    return False
 
 
 def may_hold(batches: list[Any], operations: list[str]) -> bool:

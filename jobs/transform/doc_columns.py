@@ -153,6 +153,22 @@ def merge_schemas(old: StructType, new: StructType) -> StructType:
     return StructType([StructField(name, dtype, True) for name, dtype in fields.items()])
 
 
+def only_adds(old: DataType, new: DataType | None) -> bool:
+    """True when `new` is `old` with fields added (inside structs, at any depth): what Delta's
+    schema evolution takes without a rewrite."""
+    if new is None or old == new:
+        return new is not None
+    if isinstance(old, StructType) and isinstance(new, StructType):
+        return all(only_adds(f.dataType, _type_of(new, f.name)) for f in old.fields)
+    if isinstance(old, ArrayType) and isinstance(new, ArrayType):
+        return only_adds(old.elementType, new.elementType)
+    return False
+
+
+def _type_of(schema: StructType, name: str) -> DataType | None:
+    return next((f.dataType for f in schema.fields if f.name == name), None)
+
+
 def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
     """Top-level fields added and fields whose type changed, for run metadata."""
     before = {f.name: f.dataType for f in old.fields}
