@@ -12,51 +12,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from jobs.curated_zone import DATABASE_EVENTS, curated
+from jobs.curated_zone import (
+    CHANGES_COLUMNS,
+    CURRENT_META,
+    DATABASE_EVENTS,
+    NAMESPACE_COLUMNS,
+    Column,
+    curated,
+)
 from state import CuratedTable, StateStore, TransformState
 from tidemark.object_path import LakePath
 
 TableName = Literal["current", "changes"]
-
-# The columns every `current` table has before its document columns.
-CURRENT_COLUMNS = [
-    ("_tm_key", "string", "canonical Extended JSON of {_id}: the row's key"),
-    ("_tm_document", "string", "the whole document, canonical Extended JSON (lossless)"),
-    ("_tm_event_id", "string", "the event that set the row (sorts in event order)"),
-    ("_tm_cluster_time", "timestamp", "that event's cluster time"),
-]
-# A `changes` table's columns (jobs.transform.change_log writes them; no Spark needed here).
-CHANGES_COLUMNS = [
-    ("event_id", "string", "resume token _data: unique, sorts in event order"),
-    ("operation_type", "string", ""),
-    ("db", "string", ""),
-    ("coll", "string", ""),
-    ("cluster_time", "timestamp", ""),
-    ("cluster_time_inc", "bigint", ""),
-    ("wall_time", "timestamp", ""),
-    ("txn_number", "bigint", ""),
-    ("lsid", "string", ""),
-    ("to_db", "string", "rename target"),
-    ("to_coll", "string", "rename target"),
-    ("collection_uuid", "string", ""),
-    ("document_key", "string", "canonical Extended JSON"),
-    ("full_document", "string", "canonical Extended JSON"),
-    ("full_document_before_change", "string", "canonical Extended JSON"),
-    ("update_description", "string", "canonical Extended JSON"),
-    ("updated_fields", "string", "JSON of the updated fields"),
-    ("removed_fields", "array<string>", ""),
-    ("operation_description", "string", ""),
-    ("batch_id", "string", "the raw batch the event came from"),
-    ("source", "string", "drain, snapshot or replay"),
-    ("date", "date", "partition: the event's cluster date"),
-]
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: str
-    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,8 +63,8 @@ def stream_table(
     store: StateStore, lake_root: LakePath, stream: str, table: TableName
 ) -> TableState | None:
     """The stream's `table` over all its collections: rows summed, the columns and Delta path
-    of its one collection (or, when there are several, the shared columns with `_tm_db` and
-    `_tm_coll`, and the stream's curated directory)."""
+    of its one collection (or, when there are several, NAMESPACE_COLUMNS then the shared
+    ones, and the stream's curated directory)."""
     parts = [t for t in tables(store, lake_root, stream) if t.table == table]
     if not parts:
         return None
@@ -116,16 +83,15 @@ def stream_table(
 
 
 def _shared_columns(parts: list[TableState]) -> list[Column]:
-    namespace = [Column("_tm_db", "string", "database"), Column("_tm_coll", "string", "collection")]
-    meta = CURRENT_COLUMNS if parts[0].table == "current" else CHANGES_COLUMNS
-    return namespace + [Column(*c) for c in meta]
+    meta = CURRENT_META if parts[0].table == "current" else CHANGES_COLUMNS
+    return [*NAMESPACE_COLUMNS, *meta]
 
 
 def _state(lake_root: LakePath, table: CuratedTable, committed_at: datetime) -> TableState:
     if table.kind == "current":
-        columns = [Column(*c) for c in CURRENT_COLUMNS] + document_columns(table.doc_schema)
+        columns = [*CURRENT_META, *document_columns(table.doc_schema)]
     else:
-        columns = [Column(*c) for c in CHANGES_COLUMNS]
+        columns = list(CHANGES_COLUMNS)
     return TableState(
         stream=table.stream,
         table="current" if table.kind == "current" else "changes",

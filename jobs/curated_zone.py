@@ -1,4 +1,5 @@
-"""The curated zone's layout (no Spark here: `tidemark gc` uses it too).
+"""The curated zone's layout and its tables' columns (no Spark here: `tidemark gc` and the
+catalog use it too).
 
 Every collection a stream sees gets a pair of Delta Lake tables:
 
@@ -15,17 +16,18 @@ a collection's or a database's name (MongoDB refuses `$` in a collection name an
 database name), so they never collide with data. The `removed` table is Tidemark's own: what
 keeps a deleted document from coming back when an older event arrives late; readers of
 `current` never need it.
+
+Tidemark's own column names are defined here once, each a `TM_*` constant, and the lists of a
+table's columns are built from them: the transform writes them, the catalog shows them (with
+their types and what they hold) and the readers add them, all from here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from tidemark.object_path import LakePath
-
-# The change log's rows carry the full document's plain JSON while a run folds them (`current`
-# parses its typed columns from it); it is not a column of any table.
-PLAIN_JSON = "_tm_json"
 
 DATABASE_EVENTS = "$database"  # the collection segment of a database's own events
 STATE_DIR = "_tidemark.state"
@@ -65,3 +67,83 @@ def changes_dir(lake_root: LakePath, stream: str, db: str | None, coll: str | No
 
 def removed_dir(lake_root: LakePath, stream: str) -> LakePath:
     return curated(lake_root, stream) / STATE_DIR / REMOVED
+
+
+# -- the tables' columns ----------------------------------------------------------------------
+
+# Every column name of Tidemark's own starts with this; a document field that does is not made
+# a column (`doc_columns.field_columns`), so a document never collides with them.
+OWN_PREFIX = "_tm_"
+
+TM_KEY = "_tm_key"  # canonical Extended JSON of the document's `{_id}`: the row's key
+TM_DOCUMENT = "_tm_document"  # the whole document, canonical Extended JSON (null: a delete)
+TM_EVENT_ID = "_tm_event_id"  # the event that set the row: its token's `_data`, in event order
+TM_CLUSTER_TIME = "_tm_cluster_time"  # that event's cluster time
+TM_DB = "_tm_db"  # the row's database (`removed`, and a read over several collections)
+TM_COLL = "_tm_coll"  # the row's collection (null in `removed`: a database's barrier)
+TM_RUN = "_tm_run"  # the transform run that wrote a `removed` row
+# Beside the change log's rows while a run folds them, never a column of a table: the full
+# document's plain JSON (rendered in the change log's one Python pass, so `current` parses its
+# typed columns from it with no Python of its own), and whether the event removes its document.
+TM_JSON = "_tm_json"
+TM_DELETED = "_tm_deleted"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # Spark SQL's name of the type
+    description: str = ""
+
+
+# The columns every `current` table has before its document columns, in this order.
+CURRENT_META = [
+    Column(TM_KEY, "string", "canonical Extended JSON of {_id}: the row's key"),
+    Column(TM_DOCUMENT, "string", "the whole document, canonical Extended JSON (lossless)"),
+    Column(TM_EVENT_ID, "string", "the event that set the row (sorts in event order)"),
+    Column(TM_CLUSTER_TIME, "timestamp", "that event's cluster time"),
+]
+# A `changes` table's columns, in the order the change log writes them.
+CHANGES_COLUMNS = [
+    Column("event_id", "string", "resume token _data: unique, sorts in event order"),
+    Column("operation_type", "string"),
+    Column("db", "string"),
+    Column("coll", "string"),
+    Column("cluster_time", "timestamp"),
+    Column("cluster_time_inc", "bigint"),
+    Column("wall_time", "timestamp"),
+    Column("txn_number", "bigint"),
+    Column("lsid", "string"),
+    Column("to_db", "string", "rename target"),
+    Column("to_coll", "string", "rename target"),
+    Column("collection_uuid", "string"),
+    Column("document_key", "string", "canonical Extended JSON"),
+    Column("full_document", "string", "canonical Extended JSON"),
+    Column("full_document_before_change", "string", "canonical Extended JSON"),
+    Column("update_description", "string", "canonical Extended JSON"),
+    Column("updated_fields", "string", "JSON of the updated fields"),
+    Column("removed_fields", "array<string>"),
+    Column("operation_description", "string"),
+    Column("batch_id", "string", "the raw batch the event came from"),
+    Column("source", "string", "drain, snapshot or replay"),
+    Column("date", "date", "partition: the event's cluster date"),
+]
+# Before the other columns when several collections' tables are read as one.
+NAMESPACE_COLUMNS = [Column(TM_DB, "string", "database"), Column(TM_COLL, "string", "collection")]
+# The `removed` table: a tombstone per deleted key, a barrier (TM_KEY null) per namespace event.
+REMOVED_COLUMNS = [
+    *NAMESPACE_COLUMNS,
+    Column(TM_KEY, "string"),
+    Column(TM_EVENT_ID, "string"),
+    Column(TM_CLUSTER_TIME, "timestamp"),
+    Column(TM_RUN, "int"),
+]
+
+
+def names(columns: list[Column]) -> list[str]:
+    return [c.name for c in columns]
+
+
+def ddl(columns: list[Column]) -> str:
+    """`columns` as a Spark DDL schema ("name type, ...")."""
+    return ", ".join(f"{c.name} {c.type}" for c in columns)

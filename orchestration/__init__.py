@@ -1,8 +1,8 @@
 """Dagster: assets, checks, jobs, schedules and resources over the plain functions in `jobs`.
 
-A Spark Connect remote (TIDEMARK_SPARK_REMOTE) is announced to PySpark here, before any module
-of the package imports the transform: its pandas UDFs are built, when imported, for the mode
-the process is in then (see `resources.spark.prepare_connect_mode`).
+A Spark Connect remote (TIDEMARK_SPARK_REMOTE) is announced to PySpark here, first thing: the
+transform's UDFs are built, on first use, for the mode the process is in then (see
+`resources.spark.prepare_connect_mode`).
 """
 
 import os

@@ -186,10 +186,10 @@ def local_environment(config: SparkConfig) -> dict[str, str]:
 def prepare_connect_mode(remote: str | None) -> None:
     """Put this process in Spark Connect mode when it will use a remote.
 
-    PySpark builds a pandas UDF for the mode the process is in when the UDF is defined, and
-    the transform defines its UDFs when its modules are imported: a classic UDF used over
-    Connect fails (SESSION_OR_CONTEXT_NOT_EXISTS). So this must run before `jobs.transform` is
-    imported; `orchestration` calls it first thing, and the session sets it too.
+    PySpark builds a UDF for the mode the process is in when the UDF is made, and a classic UDF
+    used over Connect fails (SESSION_OR_CONTEXT_NOT_EXISTS). The transform makes its UDFs when
+    a query first uses them (`jobs.transform.udfs`), so this must run before the first query;
+    `orchestration` calls it first thing, and the session sets it too.
     """
     if remote:
         os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"

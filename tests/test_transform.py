@@ -11,9 +11,8 @@ from bson import Binary, Decimal128, Regex
 from pyspark.sql import functions as F
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.curated_zone import removed_dir
+from jobs.curated_zone import CHANGES_COLUMNS, names, removed_dir
 from jobs.transform import read_changes, read_current, transform
-from jobs.transform.change_log import CHANGES_COLUMNS
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.delta_reading import delta_version
 from tests.helpers.lake_reading import delta_log, marked_commits, unrecorded_commits
@@ -146,7 +145,7 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     tombstones = [(r._tm_coll, r._tm_key) for r in removed_rows(spark, lake, stream.name)]
     assert tombstones == [("orders", '{ "_id" : { "$numberInt" : "3" } }')]
     changes = read_changes(spark, sqlite_store, lake, stream.name)
-    assert sorted(changes.columns) == sorted(CHANGES_COLUMNS)
+    assert sorted(changes.columns) == sorted(names(CHANGES_COLUMNS))
 
 
 def test_a_run_whose_batches_repeat_events_logs_each_once(

@@ -1,9 +1,12 @@
 """Transform: committed raw batches -> each collection's Delta tables `changes` and `current`.
 
 `transform` runs one stream's transform (`run`): the change log (`change_log`), then the fold
-into `current` (`apply`, by the rules in `fold`), every Delta commit made once (`delta_io`);
-`compact` is Delta's OPTIMIZE and purge. `read_current` and `read_changes` read the tables
-(`readers`); document columns are typed in `doc_columns`.
+into `current` (`apply`, by the rules in `fold`), every Delta commit made once (`delta_io`).
+Document fields become typed columns in `doc_columns` (their plain JSON from `extjson`); the
+Arrow UDFs are made on first use (`udfs`), and `python_daemon` starts Spark's Python workers
+with these modules imported. `compact` is Delta's OPTIMIZE and purge, `vacuum` its VACUUM.
+`read_current` and `read_changes` read the tables (`readers`); their columns and paths are
+`jobs.curated_zone`'s.
 """
 
 from jobs.transform.compact import (

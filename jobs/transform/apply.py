@@ -25,9 +25,25 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, StructType
+from pyspark.sql.types import StructType
 
-from jobs.curated_zone import PLAIN_JSON, current_dir, removed_dir
+from jobs.curated_zone import (
+    CURRENT_META,
+    REMOVED_COLUMNS,
+    TM_CLUSTER_TIME,
+    TM_COLL,
+    TM_DB,
+    TM_DELETED,
+    TM_DOCUMENT,
+    TM_EVENT_ID,
+    TM_JSON,
+    TM_KEY,
+    TM_RUN,
+    current_dir,
+    ddl,
+    names,
+    removed_dir,
+)
 from jobs.transform.change_log import held
 from jobs.transform.delta_io import (
     CURRENT_PROPERTIES,
@@ -42,6 +58,7 @@ from jobs.transform.doc_columns import (
     flatten_udf,
     infer_schema,
     merge_schemas,
+    only_adds,
     schema_changes,
 )
 from jobs.transform.fold import (
@@ -56,11 +73,7 @@ from jobs.transform.fold import (
 from tidemark.errors import SchemaFrozen
 from tidemark.object_path import LakePath
 
-CURRENT_META = ["_tm_key", "_tm_document", "_tm_event_id", "_tm_cluster_time"]
-REMOVED_DDL = (
-    "_tm_db string, _tm_coll string, _tm_key string, _tm_event_id string, "
-    "_tm_cluster_time timestamp, _tm_run int"
-)
+META = names(CURRENT_META)  # what `expand` keeps before a row's document columns
 AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
 # Up to this many repeated keys in a segment, their winning event ids are broadcast (a few MB);
 # beyond, a window over the whole segment finds them.
@@ -118,7 +131,7 @@ class Fold:
         if not is_table(path):
             return StructType([])
         schema = self.spark.read.format("delta").load(str(path)).schema
-        return StructType([f for f in schema.fields if f.name not in CURRENT_META])
+        return StructType([f for f in schema.fields if f.name not in META])
 
     def _earlier_removals(self) -> DataFrame | None:
         """`removed` as earlier runs left it (see the module docstring)."""
@@ -126,7 +139,7 @@ class Fold:
         if not is_table(path):
             return None
         table = self.spark.read.format("delta").load(str(path))
-        return table.where(F.col("_tm_run") != F.lit(self.writer.run))
+        return table.where(F.col(TM_RUN) != F.lit(self.writer.run))
 
     # -- the run -------------------------------------------------------------------------
 
@@ -156,9 +169,9 @@ class Fold:
         for barrier in [*namespace_events, None]:
             segment = keyed
             if lower is not None:
-                segment = segment.where(F.col("_tm_event_id") > F.lit(lower))
+                segment = segment.where(F.col(TM_EVENT_ID) > F.lit(lower))
             if barrier is not None:
-                segment = segment.where(F.col("_tm_event_id") < F.lit(barrier.event_id))
+                segment = segment.where(F.col(TM_EVENT_ID) < F.lit(barrier.event_id))
             self._segment(segment)
             if barrier is not None:
                 self._namespace_event(barrier)
@@ -168,33 +181,31 @@ class Fold:
     def _segment(self, segment: DataFrame) -> None:
         removals = self._earlier_removals()
         if removals is not None:
-            barriers = removals.where(F.col("_tm_key").isNull()).select(
-                F.col("_tm_db").alias("_b_db"),
-                F.col("_tm_coll").alias("_b_coll"),
-                F.col("_tm_event_id").alias("_b_event_id"),
+            barriers = removals.where(F.col(TM_KEY).isNull()).select(
+                F.col(TM_DB).alias("_b_db"),
+                F.col(TM_COLL).alias("_b_coll"),
+                F.col(TM_EVENT_ID).alias("_b_event_id"),
             )
             segment = not_cleared(segment, barriers)
         latest, shuffled = self._newest(segment)
         if removals is not None:
-            tombstones = removals.where(F.col("_tm_key").isNotNull()).select(
-                *KEY, F.col("_tm_event_id").alias("_t_event_id")
+            tombstones = removals.where(F.col(TM_KEY).isNotNull()).select(
+                *KEY, F.col(TM_EVENT_ID).alias("_t_event_id")
             )
             # A tombstone of this very event (a repeat) does not hide it: strictly newer only.
-            hidden = latest.join(tombstones, KEY).where(
-                F.col("_t_event_id") > F.col("_tm_event_id")
-            )
+            hidden = latest.join(tombstones, KEY).where(F.col("_t_event_id") > F.col(TM_EVENT_ID))
             latest = latest.join(hidden.select(*KEY), KEY, "left_anti")
         if shuffled or removals is not None or self.facts.other_keys:
             # Held once: each collection's MERGE and the tombstones read it.
             latest = held(latest, self.facts.large)
         for ns in self._namespaces_of(latest):
             self._reach(ns)
-            in_ns = (F.col("_tm_db") == F.lit(ns[0])) & (F.col("_tm_coll") == F.lit(ns[1]))
+            in_ns = (F.col(TM_DB) == F.lit(ns[0])) & (F.col(TM_COLL) == F.lit(ns[1]))
             self._merge_rows(ns, latest.where(in_ns))
         slot = self.writer.slot()
         if self.facts.deletes:
-            deletes = latest.where(F.col("_tm_deleted")).select(
-                *KEY, "_tm_event_id", "_tm_cluster_time", F.lit(self.writer.run).alias("_tm_run")
+            deletes = latest.where(F.col(TM_DELETED)).select(
+                *KEY, TM_EVENT_ID, TM_CLUSTER_TIME, F.lit(self.writer.run).alias(TM_RUN)
             )
             self._merge_tombstones(deletes, slot)
 
@@ -204,7 +215,7 @@ class Fold:
         snapshot, changes spread over many documents) and then the events are the answer;
         the keys that repeat are few, and their winners are picked by a broadcast join."""
         per_key = segment.groupBy(*KEY).agg(
-            F.count(F.lit(1)).alias("_n"), F.max("_tm_event_id").alias("_w")
+            F.count(F.lit(1)).alias("_n"), F.max(TM_EVENT_ID).alias("_w")
         )
         repeated = per_key.where(F.col("_n") > 1).select(*KEY, "_w")
         count = repeated.count()
@@ -213,7 +224,7 @@ class Fold:
         if count > BROADCAST_KEYS:
             return newest_per_key(segment), True
         winners = segment.join(F.broadcast(repeated), KEY, "left")
-        newest = winners.where(F.col("_w").isNull() | (F.col("_tm_event_id") == F.col("_w")))
+        newest = winners.where(F.col("_w").isNull() | (F.col(TM_EVENT_ID) == F.col("_w")))
         return newest.drop("_w"), True
 
     def _namespaces_of(self, latest: DataFrame) -> list[Namespace]:
@@ -221,17 +232,17 @@ class Fold:
         distinct over the two narrow columns."""
         if len(self.run_namespaces) == 1:
             return self.run_namespaces
-        found = latest.select("_tm_db", "_tm_coll").distinct().collect()
-        return sorted((r._tm_db, r._tm_coll) for r in found)
+        found = latest.select(TM_DB, TM_COLL).distinct().collect()
+        return sorted((r[TM_DB], r[TM_COLL]) for r in found)
 
     # -- current -------------------------------------------------------------------------
 
     def _merge_rows(self, ns: Namespace, rows: DataFrame) -> None:
         """MERGE the newest rows of a segment into the collection's `current`."""
         rewrite, merge = self.writer.slot(), self.writer.slot()
-        documents = rows.where(~F.col("_tm_deleted")).select(PLAIN_JSON)
+        documents = rows.where(~F.col(TM_DELETED)).select(TM_JSON)
         schema = self._schema_for(ns, infer_schema(self.spark, documents), rewrite)
-        typed = expand(rows, schema, CURRENT_META)
+        typed = expand(rows, schema, META)
         self._merge_current(ns, typed, merge)
 
     def _schema_for(self, ns: Namespace, incoming: StructType, slot: int) -> StructType:
@@ -255,7 +266,7 @@ class Fold:
             report = self.result.schema.setdefault(key, {"added": [], "widened": []})
             report["added"] += [c for c in changes["added"] if c not in report["added"]]
             report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
-        if any(not _only_adds(f.dataType, _type_of(merged, f.name)) for f in old.fields):
+        if not only_adds(old, merged):
             self._rewrite(ns, merged, slot)
         self.result.tables[ns] = merged
         return merged
@@ -263,21 +274,21 @@ class Fold:
     def _rewrite(self, ns: Namespace, schema: StructType, slot: int) -> None:
         path = self._current(ns)
         table = self.spark.read.format("delta").load(str(path))
-        with_json = table.withColumn(PLAIN_JSON, flatten_udf(F.col("_tm_document")))
-        self.writer.overwrite(expand(with_json, schema, CURRENT_META), path, slot)
+        with_json = table.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
+        self.writer.overwrite(expand(with_json, schema, META), path, slot)
 
     def _merge_current(self, ns: Namespace, typed: DataFrame, slot: int) -> None:
         path = self._current(ns)
         if not is_table(path):
-            live = typed.where(F.col("_tm_document").isNotNull())
+            live = typed.where(F.col(TM_DOCUMENT).isNotNull())
             self.writer.create(live, path, CURRENT_PROPERTIES, slot)
             return
+        newer = f"s.{TM_EVENT_ID} > t.{TM_EVENT_ID}"
         statement = (
-            f"MERGE INTO {table_ref(path)} t USING {{source}} s ON t._tm_key = s._tm_key "
-            "WHEN MATCHED AND s._tm_event_id > t._tm_event_id AND s._tm_document IS NULL "
-            "THEN DELETE "
-            "WHEN MATCHED AND s._tm_event_id > t._tm_event_id THEN UPDATE SET * "
-            "WHEN NOT MATCHED AND s._tm_document IS NOT NULL THEN INSERT *"
+            f"MERGE INTO {table_ref(path)} t USING {{source}} s ON t.{TM_KEY} = s.{TM_KEY} "
+            f"WHEN MATCHED AND {newer} AND s.{TM_DOCUMENT} IS NULL THEN DELETE "
+            f"WHEN MATCHED AND {newer} THEN UPDATE SET * "
+            f"WHEN NOT MATCHED AND s.{TM_DOCUMENT} IS NOT NULL THEN INSERT *"
         )
         self.spark.conf.set(AUTO_MERGE, "true")
         try:
@@ -292,17 +303,17 @@ class Fold:
         if not is_table(path):
             self.writer.create(deletes, path, REMOVED_PROPERTIES, slot)
             return
+        same_key = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
         statement = (
-            f"MERGE INTO {table_ref(path)} t USING {{source}} s "
-            "ON t._tm_db = s._tm_db AND t._tm_coll = s._tm_coll AND t._tm_key = s._tm_key "
-            "WHEN MATCHED AND s._tm_event_id > t._tm_event_id THEN UPDATE SET * "
+            f"MERGE INTO {table_ref(path)} t USING {{source}} s ON {same_key} "
+            f"WHEN MATCHED AND s.{TM_EVENT_ID} > t.{TM_EVENT_ID} THEN UPDATE SET * "
             "WHEN NOT MATCHED THEN INSERT *"
         )
         self.writer.sql(statement, path, slot, source=deletes)
 
     def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
         row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
-        frame = self.spark.createDataFrame(row, REMOVED_DDL)
+        frame = self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS))
         self.writer.create(frame, self._removed(), REMOVED_PROPERTIES, self.writer.slot())
 
     # -- namespace events ----------------------------------------------------------------
@@ -319,7 +330,8 @@ class Fold:
         slot = self.writer.slot()
         path = self._current(ns)
         if is_table(path):
-            statement = f"DELETE FROM {table_ref(path)} WHERE _tm_event_id < '{event.event_id}'"
+            older = f"{TM_EVENT_ID} < '{event.event_id}'"
+            statement = f"DELETE FROM {table_ref(path)} WHERE {older}"
             self.writer.sql(statement, path, slot)
         if ns not in self.result.tables:
             self.result.tables[ns] = self._table_schema(ns)
@@ -357,28 +369,12 @@ class Fold:
         rows = (
             self.spark.read.format("delta")
             .load(str(path))
-            .where(F.col("_tm_event_id") < F.lit(event.event_id))
-            .select(*CURRENT_META)
-            .withColumn(PLAIN_JSON, flatten_udf(F.col("_tm_document")))
+            .where(F.col(TM_EVENT_ID) < F.lit(event.event_id))
+            .select(*META)
+            .withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
         )
         schema = self._schema_for(target, self._table_schema(source), rewrite)
-        self._merge_current(target, expand(rows, schema, CURRENT_META), merge)
-
-
-def _type_of(schema: StructType, name: str) -> DataType | None:
-    return next((f.dataType for f in schema.fields if f.name == name), None)
-
-
-def _only_adds(old: DataType, new: DataType | None) -> bool:
-    """True when `new` is `old` with fields added (inside structs, at any depth): what Delta's
-    schema evolution takes without a rewrite."""
-    if new is None or old == new:
-        return new is not None
-    if isinstance(old, StructType) and isinstance(new, StructType):
-        return all(_only_adds(f.dataType, _type_of(new, f.name)) for f in old.fields)
-    if isinstance(old, ArrayType) and isinstance(new, ArrayType):
-        return _only_adds(old.elementType, new.elementType)
-    return False
+        self._merge_current(target, expand(rows, schema, META), merge)
 
 
 def may_hold(batches: list[Any], operations: list[str]) -> bool:

@@ -20,25 +20,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from jobs.curated_zone import PLAIN_JSON, changes_dir
+from jobs.curated_zone import CHANGES_COLUMNS, TM_JSON, changes_dir, names
 from jobs.raw_zone import DOCUMENT_FIELDS, RAW_SCHEMA
 from jobs.transform.delta_io import CHANGES_PROPERTIES, RunWriter
 from jobs.transform.doc_columns import documents_udf
 from jobs.transform.fold import ID_ONLY
 from state import BatchRecord, TransformState
 from tidemark.object_path import LakePath
-
-CHANGES_COLUMNS = [
-    "event_id", "operation_type", "db", "coll", "cluster_time", "cluster_time_inc", "wall_time",
-    "txn_number", "lsid", "to_db", "to_coll", "collection_uuid", "document_key", "full_document",
-    "full_document_before_change", "update_description", "updated_fields", "removed_fields",
-    "operation_description", "batch_id", "source", "date",
-]  # fmt: skip
-# Beside them while a run folds, not a column of the `changes` table: the full document's plain
-# JSON, rendered in the same Python pass as the canonical documents, so `current` parses its
-# typed columns from it and runs no Python over a document again.
-LOGGED_JSON = PLAIN_JSON
-
 
 _RAW_COLUMNS = from_arrow_schema(RAW_SCHEMA)
 # From this many raw bytes per event in a batch, a run holds its rows on disk rather than in
@@ -113,14 +101,14 @@ def _raw_events(
 
 
 def change_log_rows(raw: DataFrame) -> DataFrame:
-    """Raw events (one row per event id) -> change-log rows and LOGGED_JSON; the documents'
-    JSON, canonical and plain, is made here from `raw`, in one Python pass per event."""
-    envelope = [
-        c
-        for c in CHANGES_COLUMNS
-        if c not in ("updated_fields", "removed_fields", "date", *DOCUMENT_FIELDS)
-    ]
-    documents = [*DOCUMENT_FIELDS, LOGGED_JSON]
+    """Raw events (one row per event id) -> change-log rows and, beside them while the run
+    folds (never written to `changes`), TM_JSON; the documents' JSON, canonical and plain, is
+    made here from `raw`, in one Python pass per event, so `current` parses its typed columns
+    from TM_JSON and runs no Python over a document again."""
+    derived = ("updated_fields", "removed_fields", "date")
+    columns = names(CHANGES_COLUMNS)
+    envelope = [c for c in columns if c not in (*derived, *DOCUMENT_FIELDS)]
+    documents = [*DOCUMENT_FIELDS, TM_JSON]
     with_documents = raw.select(*envelope, documents_udf(F.col("raw")).alias("_documents")).select(
         *envelope,
         # Cast: over Spark Connect a UDF's string comes back typed `string collate
@@ -130,8 +118,8 @@ def change_log_rows(raw: DataFrame) -> DataFrame:
     )
     update = F.col("update_description")
     return with_documents.select(
-        *[c for c in CHANGES_COLUMNS if c not in ("updated_fields", "removed_fields", "date")],
-        LOGGED_JSON,
+        *[c for c in columns if c not in derived],
+        TM_JSON,
         F.get_json_object(update, "$.updatedFields").alias("updated_fields"),
         F.from_json(update, "struct<removedFields: array<string>>")
         .getField("removedFields")
@@ -224,7 +212,7 @@ def log_new_events(
     for db, coll in namespaces:
         rows = events.where(
             F.col("db").eqNullSafe(F.lit(db)) & F.col("coll").eqNullSafe(F.lit(coll))
-        ).drop(LOGGED_JSON)
+        ).drop(TM_JSON)
         path = changes_dir(lake_root, stream, db, coll)
         writer.create(rows, path, CHANGES_PROPERTIES, writer.slot(), partition_by=["date"])
     assert census.first is not None and census.last is not None

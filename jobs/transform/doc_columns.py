@@ -1,14 +1,15 @@
 """Document fields as columns: Spark's JSON schema inference, merged across versions.
 
-New rows get their plain JSON (`_tm_json`) from the document once; the schema is the previous
-version's merged with what Spark infers from the new rows, and a field whose type changes
-widens to string (Spark then keeps the raw JSON text of non-string values, so no value is
-lost). The canonical document stays beside the columns as the lossless truth.
+New rows get their plain JSON (`curated_zone.TM_JSON`) from the document once; the schema is
+the previous version's merged with what Spark infers from the new rows, and a field whose type
+changes widens to string (Spark then keeps the raw JSON text of non-string values, so no value
+is lost). The canonical document stays beside the columns as the lossless truth.
 
-The per-row Python runs in Arrow UDFs (batches of pyarrow arrays, no pandas in between):
-`documents_udf` renders an event's canonical documents and the plain JSON of its full
-document in one pass over the raw BSON; `document_json_udf` the canonical ones alone;
-`flatten_udf` the plain JSON of rows that only have the canonical text.
+The per-row Python runs in Arrow UDFs (batches of pyarrow arrays, no pandas in between), made
+on first use (`udfs`): `documents_udf` renders an event's canonical documents and the plain
+JSON of its full document in one pass over the raw BSON; `document_json_udf` the canonical
+ones alone; `flatten_udf` the plain JSON of rows that only have the canonical text. Their
+bodies (`*_arrays`) are plain functions of pyarrow arrays.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import json
 
 import bsonjs
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import (
     ArrayType,
     DataType,
@@ -31,9 +31,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.curated_zone import PLAIN_JSON
+from jobs.curated_zone import OWN_PREFIX, TM_DELETED, TM_DOCUMENT, TM_JSON
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
+from jobs.transform.udfs import arrow_udf_of
 
 # A BSON date is written by `flatten` as exactly this form of ISO 8601 (UTC, milliseconds), and
 # read back as a timestamp: a field whose every value is such an instant becomes a timestamp
@@ -51,8 +52,8 @@ INFER_OPTIONS = {**JSON_OPTIONS, "dropFieldIfAllNull": "true"}
 
 DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
 # documents_udf's struct: DOCUMENT_FIELDS, then the full document's plain JSON as the state's
-# `_tm_json` column has it (null where there is no full document).
-DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(PLAIN_JSON, StringType())])
+# TM_JSON column has it (null where there is no full document).
+DOCUMENTS_TYPE = StructType([*DOCUMENT_JSON_TYPE.fields, StructField(TM_JSON, StringType())])
 
 
 def documents_json(raw: bytes) -> tuple[str | None, ...]:
@@ -76,29 +77,39 @@ def _struct(rows: list[tuple[str | None, ...]], schema: StructType) -> pa.Struct
     )
 
 
-@arrow_udf(DOCUMENTS_TYPE)
-def documents_udf(raw: pa.Array) -> pa.Array:
+def documents_arrays(raw: pa.Array) -> pa.Array:
     """The events' canonical documents and plain JSON, from the raw zone's BSON bytes."""
     return _struct([_rendered(d) for d in events_documents(raw)], DOCUMENTS_TYPE)
 
 
-@arrow_udf(DOCUMENT_JSON_TYPE)
-def document_json_udf(raw: pa.Array) -> pa.Array:
+def document_json_arrays(raw: pa.Array) -> pa.Array:
     """The events' documents as canonical Extended JSON, from the raw zone's BSON bytes."""
     return _struct([_canonical(d) for d in events_documents(raw)], DOCUMENT_JSON_TYPE)
 
 
-@arrow_udf(StringType())
-def flatten_udf(documents: pa.Array) -> pa.Array:
+def flatten_arrays(documents: pa.Array) -> pa.Array:
+    """Canonical Extended JSON documents as plain JSON (`extjson.flatten`)."""
     return pa.array([flatten(d) for d in documents.to_pylist()], pa.string())
 
 
+def documents_udf(raw: Column | str) -> Column:
+    return arrow_udf_of(documents_arrays, DOCUMENTS_TYPE)(raw)
+
+
+def document_json_udf(raw: Column | str) -> Column:
+    return arrow_udf_of(document_json_arrays, DOCUMENT_JSON_TYPE)(raw)
+
+
+def flatten_udf(documents: Column | str) -> Column:
+    return arrow_udf_of(flatten_arrays, StringType())(documents)
+
+
 def with_json(state: DataFrame) -> DataFrame:
-    """Fill `_tm_json` on rows that lack it, calling Python only for those rows (tombstones
+    """Fill TM_JSON on rows that lack it, calling Python only for those rows (tombstones
     and barriers have no document, so no JSON)."""
-    missing = F.col("_tm_json").isNull() & ~F.col("_tm_deleted")
+    missing = F.col(TM_JSON).isNull() & ~F.col(TM_DELETED)
     have = state.where(~missing)
-    need = state.where(missing).withColumn("_tm_json", flatten_udf(F.col("_tm_document")))
+    need = state.where(missing).withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
     return have.unionByName(need)
 
 
@@ -142,6 +153,22 @@ def merge_schemas(old: StructType, new: StructType) -> StructType:
     return StructType([StructField(name, dtype, True) for name, dtype in fields.items()])
 
 
+def only_adds(old: DataType, new: DataType | None) -> bool:
+    """True when `new` is `old` with fields added (inside structs, at any depth): what Delta's
+    schema evolution takes without a rewrite."""
+    if new is None or old == new:
+        return new is not None
+    if isinstance(old, StructType) and isinstance(new, StructType):
+        return all(only_adds(f.dataType, _type_of(new, f.name)) for f in old.fields)
+    if isinstance(old, ArrayType) and isinstance(new, ArrayType):
+        return only_adds(old.elementType, new.elementType)
+    return False
+
+
+def _type_of(schema: StructType, name: str) -> DataType | None:
+    return next((f.dataType for f in schema.fields if f.name == name), None)
+
+
 def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
     """Top-level fields added and fields whose type changed, for run metadata."""
     before = {f.name: f.dataType for f in old.fields}
@@ -155,12 +182,13 @@ def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
 
 
 def field_columns(schema: StructType) -> StructType:
-    """The document fields that become columns: not Tidemark's own names (`_tm_*`), and of
+    """The document fields that become columns: not Tidemark's own names (OWN_PREFIX), and of
     names that differ only in case (which Delta and most engines hold one column or field
-    for), the first, at every depth; the others stay in `_tm_document`."""
+    for), the first, at every depth; the others stay in TM_DOCUMENT only."""
     deduplicated = _first_of_case_twins(schema)
     assert isinstance(deduplicated, StructType)
-    return StructType([f for f in deduplicated.fields if not f.name.lower().startswith("_tm_")])
+    kept = [f for f in deduplicated.fields if not f.name.lower().startswith(OWN_PREFIX)]
+    return StructType(kept)
 
 
 def _first_of_case_twins(dtype: DataType) -> DataType:
@@ -187,7 +215,7 @@ def expand(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:
     fields = field_columns(schema).fields
     if not fields:
         return rows.select(*keep)
-    parsed = F.from_json(F.col(PLAIN_JSON), StructType(fields), JSON_OPTIONS)
+    parsed = F.from_json(F.col(TM_JSON), StructType(fields), JSON_OPTIONS)
     return rows.select(*keep, *(parsed.getField(f.name).alias(f.name) for f in fields))
 
 

@@ -33,28 +33,27 @@ import bsonjs
 import pyarrow as pa
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import StringType
 
-from jobs.curated_zone import PLAIN_JSON
+from jobs.curated_zone import (
+    TM_CLUSTER_TIME,
+    TM_COLL,
+    TM_DB,
+    TM_DELETED,
+    TM_DOCUMENT,
+    TM_EVENT_ID,
+    TM_JSON,
+    TM_KEY,
+)
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
+from jobs.transform.udfs import arrow_udf_of
 
-KEY = ["_tm_db", "_tm_coll", "_tm_key"]
+KEY = [TM_DB, TM_COLL, TM_KEY]  # a document's key across the stream's collections
 KEY_OPERATIONS = ["insert", "update", "replace", "delete", SNAPSHOT]
 # snapshot_start opens a (re-)snapshot: its scope is replaced by the snapshot's rows.
 NAMESPACE_OPERATIONS = ["drop", "dropDatabase", "rename", SNAPSHOT_START]
-KEYED_COLUMNS = [  # keyed_events' rows
-    "_tm_db",
-    "_tm_coll",
-    "_tm_key",
-    "_tm_document",  # null on a delete
-    "_tm_event_id",
-    "_tm_cluster_time",
-    PLAIN_JSON,  # the change log's plain JSON of the document (null on a delete)
-    "_tm_deleted",
-]
 
 # Values decoded only to be encoded again: sub-documents stay raw, dates of any range survive.
 _KEY_CODEC = CodecOptions(
@@ -71,7 +70,7 @@ class EventFacts:
     """What a run knows of its events without reading them (the batches' manifest, the change
     log's census) and so need not look for. The defaults know nothing: always right, slower."""
 
-    plain_json: bool = False  # every event row carries its document's plain JSON (`_tm_json`)
+    plain_json: bool = False  # every event row carries its document's plain JSON (TM_JSON)
     namespace_events: bool = True  # a namespace event may be among them
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
     deletes: bool = True  # a delete may be among them
@@ -107,49 +106,53 @@ def id_key(document_key: str | None) -> str | None:
     return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
 
 
-@arrow_udf(StringType())
-def id_key_udf(document_keys: pa.Array) -> pa.Array:
+def id_key_arrays(document_keys: pa.Array) -> pa.Array:
+    """`id_key` of each documentKey."""
     return pa.array([id_key(k) for k in document_keys.to_pylist()], pa.string())
 
 
+def id_key_udf(document_keys: Column | str) -> Column:
+    return arrow_udf_of(id_key_arrays, StringType())(document_keys)
+
+
 def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:
-    """`rows` with `_tm_key`, the canonical key of their documentKey (not null). Python runs
+    """`rows` with TM_KEY, the canonical key of their documentKey (not null). Python runs
     only for the rows whose key is not already `{_id}`, and not at all when `other_keys` is
     false: a UDF under `when` would still be evaluated for every row, so the two kinds are
     split (two reads of `rows`) and unioned."""
     if not other_keys:
-        return rows.withColumn("_tm_key", F.col("document_key"))
+        return rows.withColumn(TM_KEY, F.col("document_key"))
     id_only = F.col("document_key").rlike(ID_ONLY)
-    plain = rows.where(id_only).withColumn("_tm_key", F.col("document_key"))
+    plain = rows.where(id_only).withColumn(TM_KEY, F.col("document_key"))
     # Cast: over Spark Connect a UDF's string is `string collate UTF8_BINARY`, which delta-rs
     # refuses in a table's schema (see change_log); the union below hides that only while
     # its plain side comes first.
     key = id_key_udf(F.col("document_key")).cast("string")
-    other = rows.where(~id_only).withColumn("_tm_key", key)
+    other = rows.where(~id_only).withColumn(TM_KEY, key)
     return plain.unionByName(other)
 
 
 def keyed_events(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
-    """Events that set or remove one document, in the state's column names. `_tm_json` is the
-    change log's plain JSON of the document when the events carry it (null otherwise: the
-    caller derives it from `_tm_document`)."""
+    """Events that set or remove one document, in the state's column names (TM_DOCUMENT and
+    TM_JSON null on a delete). TM_JSON is the change log's plain JSON of the document when the
+    events carry it (null otherwise: the caller derives it from TM_DOCUMENT)."""
     facts = facts or EventFacts()
     op = F.col("operation_type")
-    plain = F.col(PLAIN_JSON) if PLAIN_JSON in events.columns else F.lit(None).cast("string")
+    plain = F.col(TM_JSON) if TM_JSON in events.columns else F.lit(None).cast("string")
     rows = events.where(
         op.isin(KEY_OPERATIONS)
         & F.col("document_key").isNotNull()
         & ~((op == "update") & F.col("full_document").isNull())
     )
     return with_canonical_key(rows, facts.other_keys).select(
-        F.col("db").alias("_tm_db"),
-        F.col("coll").alias("_tm_coll"),
-        F.col("_tm_key"),
-        F.when(op != "delete", F.col("full_document")).alias("_tm_document"),
-        F.col("event_id").alias("_tm_event_id"),
-        F.col("cluster_time").alias("_tm_cluster_time"),
-        F.when(op != "delete", plain).alias("_tm_json"),
-        (op == "delete").alias("_tm_deleted"),
+        F.col("db").alias(TM_DB),
+        F.col("coll").alias(TM_COLL),
+        F.col(TM_KEY),
+        F.when(op != "delete", F.col("full_document")).alias(TM_DOCUMENT),
+        F.col("event_id").alias(TM_EVENT_ID),
+        F.col("cluster_time").alias(TM_CLUSTER_TIME),
+        F.when(op != "delete", plain).alias(TM_JSON),
+        (op == "delete").alias(TM_DELETED),
     )
 
 
@@ -157,15 +160,16 @@ def not_cleared(keyed: DataFrame, barriers: DataFrame) -> DataFrame:
     """Keyed events not older than a barrier of their namespace (a late event stays gone);
     `barriers` has `_b_db`, `_b_coll` (null: every collection or database) and `_b_event_id`."""
     covers = (
-        (F.col("_b_db").isNull() | (F.col("_b_db") == F.col("_tm_db")))
-        & (F.col("_b_coll").isNull() | (F.col("_b_coll") == F.col("_tm_coll")))
-        & (F.col("_tm_event_id") < F.col("_b_event_id"))
+        (F.col("_b_db").isNull() | (F.col("_b_db") == F.col(TM_DB)))
+        & (F.col("_b_coll").isNull() | (F.col("_b_coll") == F.col(TM_COLL)))
+        & (F.col(TM_EVENT_ID) < F.col("_b_event_id"))
     )
     return keyed.join(F.broadcast(barriers), covers, "left_anti")
 
 
 def newest_per_key(events: DataFrame) -> DataFrame:
-    """Keyed rows (STATE_COLUMNS and more): the one with the greatest event id per key."""
-    newest_first = Window.partitionBy(*KEY).orderBy(F.col("_tm_event_id").desc())
-    ranked = events.withColumn("_tm_rank", F.row_number().over(newest_first))
-    return ranked.where(F.col("_tm_rank") == 1).drop("_tm_rank")
+    """Of `keyed_events`' rows (other columns may follow), the one with the greatest event id
+    per key."""
+    newest_first = Window.partitionBy(*KEY).orderBy(F.col(TM_EVENT_ID).desc())
+    ranked = events.withColumn("_rank", F.row_number().over(newest_first))
+    return ranked.where(F.col("_rank") == 1).drop("_rank")

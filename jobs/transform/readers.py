@@ -5,7 +5,8 @@ Any engine can read one collection's table by pointing at its Delta path; these 
 what spans tables: the state store says which tables a stream has and which Delta version each
 had when a run committed (`version=N` is time travel to run N), so a commit a killed run left
 beyond the store's record is never read. Several collections read as one frame carry
-`_tm_db` and `_tm_coll`; a field typed differently in two collections reads as a string.
+`curated_zone.NAMESPACE_COLUMNS` first; a field typed differently in two collections reads as
+a string.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
+from jobs.curated_zone import TM_COLL, TM_DB
 from jobs.transform.delta_io import quoted
 from resources.spark_lake import use_lake
 from state import CuratedTable, StateStore, TransformState
@@ -101,8 +103,8 @@ def _union(
         frame = read_table(spark, lake_root, table)
         if with_namespace:
             frame = frame.select(
-                F.lit(table.db).alias("_tm_db"),
-                F.lit(table.coll).alias("_tm_coll"),
+                F.lit(table.db).alias(TM_DB),
+                F.lit(table.coll).alias(TM_COLL),
                 *(F.col(quoted(c)) for c in frame.columns),
             )
         frames.append(frame)
