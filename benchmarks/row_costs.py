@@ -205,7 +205,9 @@ def _infer(spark: Any, doc_columns: Any, state: Any, work: Path) -> None:
 
 
 def _expand(doc_columns: Any, state: Any) -> None:
-    _noop(doc_columns.expand(state, _SCHEMA["schema"]))
+    # Checkouts since the change log's columns were kept beside the fields name them.
+    keep = ([],) if "keep" in inspect.signature(doc_columns.expand).parameters else ()
+    _noop(doc_columns.expand(state, _SCHEMA["schema"], *keep))
 
 
 def _table(title: str, results: list[tuple]) -> list[str]:

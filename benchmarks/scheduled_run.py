@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> str:
         mongod = start_mongod(Path(work) / "data")
         server, started = start_server(home, port=args.port)
         os.environ[REMOTE_ENV] = server.url
-        prepare_connect_mode(server.url)  # before the transform's UDFs are imported
+        prepare_connect_mode(server.url)  # the mode the first query makes the UDFs in
         import dagster as dg
 
         from orchestration.definitions import build_definitions

@@ -188,9 +188,8 @@ def test_the_cli_names_the_home_on_its_first_line(monkeypatch, tmp_path, capsys)
 
 @pytest.mark.fast
 def test_the_cli_imports_no_transform_before_it_chooses_the_spark_mode():
-    """The transform defines its UDFs for the Spark mode the process is in when it is imported
-    (resources.spark.prepare_connect_mode): the CLI may import it only after choosing classic
-    or Connect, or every Connect run fails with SESSION_OR_CONTEXT_NOT_EXISTS."""
+    """The CLI imports the transform (and with it PySpark) only inside the commands that
+    transform, so the others start without loading Spark."""
     assert _imported_by_the_cli(("jobs.transform",)) == []
 
 

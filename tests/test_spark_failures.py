@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MID_RUN = r"""
 import json, os, signal, sys, time
 from pathlib import Path
-os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # before the transform's UDFs are defined
+os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # the mode the first query makes the UDFs in
 from resources.processes import runs
 from resources.spark import SparkConfig, spark_session
 from resources.spark_server import CONNECT_CLASS

@@ -79,8 +79,8 @@ def collect_garbage(
             raw = sweep_orphans(lake_root, stream, committed, min_age_seconds)
             curated = None
             if spark is not None and TransformState(store).tables(stream):
-                # Imported here: importing the transform fixes its UDFs' Spark mode, which the
-                # CLI chooses only once it runs (resources.spark.prepare_connect_mode).
+                # Imported here: the transform imports PySpark, which a sweep of a stream
+                # without curated tables never needs.
                 from jobs.transform.vacuum import vacuum
 
                 curated = vacuum(spark(), store, lake_root, stream, min_age_seconds)

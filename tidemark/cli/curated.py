@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from jobs.catalog import TableState, tables
+from jobs.curated_zone import OWN_PREFIX
 from resources.spark import (
     SparkConfig,
     discard_session,
@@ -38,8 +39,8 @@ def transform_command(runtime: Runtime, args: argparse.Namespace) -> int:
 @contextmanager
 def lazy_spark(runtime: Runtime) -> Iterator[tuple[Callable[[], Any], list[tuple[Any, bool]]]]:
     """A Spark session made on first use (the home's Connect server unless a master is set,
-    as `tidemark demo` and `ui` do), stopped at the end if this made it. The mode is fixed
-    before the transform's modules are imported (see prepare_connect_mode)."""
+    as `tidemark demo` and `ui` do), stopped at the end if this made it. The process's Spark
+    mode is set before the first query makes the transform's UDFs (see prepare_connect_mode)."""
     settings = runtime.settings
     connect = bool(settings.spark_remote or not settings.spark_master)
     prepare_connect_mode("sc://" if connect else None)
@@ -163,7 +164,7 @@ def _table_json(table: TableState) -> dict[str, Any]:
 
 def schema_summary(table: TableState, shown: int = 4) -> str:
     """The document columns with their types (all columns for `changes`), a few by name."""
-    columns = [c for c in table.columns if not c.name.startswith("_tm_")]
+    columns = [c for c in table.columns if not c.name.startswith(OWN_PREFIX)]
     names = ", ".join(f"{c.name} {c.type}" for c in columns[:shown])
     more = f", +{len(columns) - shown} more" if len(columns) > shown else ""
     return f"{len(columns)}: {names}{more}" if columns else "0"

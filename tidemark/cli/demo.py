@@ -17,6 +17,7 @@ import os
 from collections import Counter
 from typing import Any
 
+from jobs.curated_zone import OWN_PREFIX
 from resources.mongo import connect
 from resources.spark import REMOTE_ENV, SparkConfig, spark_session, stop_if_created
 from tidemark.cli.runtime import Runtime, resolve_spark_remote
@@ -183,7 +184,7 @@ def show_tables(spark: Any, runtime: Runtime, stream: StreamConfig) -> None:
         doc_fields = [
             name
             for name, dtype in current.dtypes
-            if not name.startswith("_tm_") and not dtype.startswith(("struct", "array"))
+            if not name.startswith(OWN_PREFIX) and not dtype.startswith(("struct", "array"))
         ][:6]
         rows = current.select(*doc_fields).limit(5).collect()
         print(f"\n{table.name} current ({table.rows:,} rows; document fields as columns):")

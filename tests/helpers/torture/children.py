@@ -31,7 +31,7 @@ def child_main(argv: list[str]) -> None:
 
         # A cluster's Connect server (the cluster variant), else a JVM of the child's own.
         remote = os.environ.get(REMOTE_ENV)
-        prepare_connect_mode(remote)  # before the transform's UDFs are defined
+        prepare_connect_mode(remote)  # the mode the first query makes the UDFs in
         from jobs.transform import compact, transform
 
         config = SparkConfig(master="local[1]", driver_memory="1g", remote=remote)
