@@ -72,7 +72,7 @@ def ensure_stream(
             .values(fingerprint=fingerprint, version=schema.checkpoints.c.version + 1)
         )
     if source is not None:
-        return check_source(conn, stream.name, source, new_source_ok)
+        check_source(conn, stream.name, source, new_source_ok)
     checkpoint = read_checkpoint(conn, stream.name)
     assert checkpoint is not None
     return checkpoint
@@ -80,7 +80,7 @@ def ensure_stream(
 
 def check_source(
     conn: Connection, stream: str, source: SourceIdentity, new_source_ok: bool = False
-) -> Checkpoint:
+) -> None:
     """Check that the stream's position came from `source`, the deployment a run reaches.
 
     1. No deployment recorded (a new stream, or a store from before they were): adopt
@@ -91,13 +91,11 @@ def check_source(
     Raises:
         SourceChanged: the position came from another deployment.
     """
-    checkpoint = read_checkpoint(conn, stream)
-    assert checkpoint is not None, "check_source runs on a registered stream"
-    stored = checkpoint.source
+    stored, has_position = stored_source(conn, stream)
     if stored is not None and stored.differs_from(source):
         if new_source_ok:
-            return checkpoint
-        if checkpoint.has_position:
+            return
+        if has_position:
             raise SourceChanged(
                 f"Stream {stream!r} was drained from {stored.describe()}, and MONGODB_URI now "
                 f"reaches {source.describe()}: its stored position belongs to the other "
@@ -115,9 +113,23 @@ def check_source(
     if adopted != stored:
         c = schema.checkpoints
         conn.execute(update(c).where(c.c.stream == stream).values(**source_columns(adopted)))
-        checkpoint = read_checkpoint(conn, stream)
-        assert checkpoint is not None
-    return checkpoint
+
+
+def stored_source(conn: Connection, stream: str) -> tuple[SourceIdentity | None, bool]:
+    """The deployment the stream's position came from, and whether it has a position, read
+    from those columns alone: a replay or a reset works whatever the stored token and times
+    hold (only a run that resumes from them decodes them)."""
+    c = schema.checkpoints
+    row = conn.execute(
+        select(
+            c.c.source_kind, c.c.source_set, c.c.source_id, c.c.token, c.c.start_at_operation_time
+        ).where(c.c.stream == stream)
+    ).first()
+    if row is None:  # not registered yet
+        return None, False
+    source = SourceIdentity(row.source_kind, row.source_set, row.source_id)
+    has_position = row.token is not None or row.start_at_operation_time is not None
+    return (source if row.source_kind else None), has_position
 
 
 def ensure_stream_row(conn: Connection, stream: StreamConfig) -> None:
@@ -226,8 +238,8 @@ def reset_to(
     """Make `stream`'s definition the registered one and move its checkpoint to `position`;
     a copy still running from another deployment than `position`'s is superseded."""
     now = utc_now()
-    old = read_checkpoint(conn, stream.name)
-    if old and old.source and position.source and old.source.differs_from(position.source):
+    old_source, _ = stored_source(conn, stream.name)
+    if old_source and position.source and old_source.differs_from(position.source):
         # Its rows so far and its last key are the other deployment's: continued here it
         # would read this one's documents after that key into it.
         s = schema.snapshots

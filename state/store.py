@@ -102,7 +102,7 @@ class StateStore:
         with self.transaction("stream registration") as conn:
             return checkpoints.ensure_stream(conn, stream, source, new_source_ok)
 
-    def check_source(self, stream: StreamConfig, source: SourceIdentity) -> Checkpoint:
+    def check_source(self, stream: StreamConfig, source: SourceIdentity) -> None:
         """Register the stream if it is new, and check that its position came from `source`
         (see `checkpoints.check_source`); for runs that read by time without resuming
         (replay), whose batches must still come from the stream's deployment.
@@ -113,7 +113,7 @@ class StateStore:
         """
         with self.transaction("source check") as conn:
             checkpoints.ensure_stream_row(conn, stream)
-            return checkpoints.check_source(conn, stream.name, source)
+            checkpoints.check_source(conn, stream.name, source)
 
     def ensure_stream_row(self, stream: StreamConfig) -> None:
         """Register the stream if it is new, without checking its definition (used by reset

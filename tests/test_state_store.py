@@ -24,10 +24,11 @@ from state import (
     schema,
 )
 from tidemark.errors import StateStoreError
-from tidemark.tokens import ResumeToken
+from tidemark.tokens import ResumeToken, SourceIdentity
+
+pytestmark = pytest.mark.fast  # the state store alone: SQLite and PostgreSQL, no mongod
 
 
-@pytest.mark.fast
 def test_schema_installs_once_and_refuses_another_version(state_url):
     first = StateStore(state_url)
     StateStore(state_url).close()  # opening again is harmless
@@ -40,8 +41,8 @@ def test_schema_installs_once_and_refuses_another_version(state_url):
     assert "TIDEMARK_STATE_URL" in str(refused.value)
 
 
-def test_manifest_round_trip(store, make_stream):
-    stream = make_stream()
+def test_manifest_round_trip(store, make_config):
+    stream = make_config()
     checkpoint = store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     batch = BatchRecord(
@@ -83,8 +84,8 @@ def test_manifest_round_trip(store, make_stream):
         assert tuple(row) == ('{"_data": "82C"}', 9)
 
 
-def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
-    old = make_stream()
+def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_config):
+    old = make_config()
     checkpoint = store.ensure_stream(old)
     lease = store.acquire_lease(old.name, "capture", timedelta(minutes=5))
     store.commit_batch(
@@ -93,7 +94,7 @@ def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
         None,
         NewPosition(token=ResumeToken.from_json('{"_data": "82A"}')),
     )
-    new = make_stream(full_document="whenAvailable", current_table=False)
+    new = make_config(full_document="whenAvailable", current_table=False)
     store.reset_checkpoint(
         lease,
         new,
@@ -110,7 +111,27 @@ def test_reset_moves_the_checkpoint_and_keeps_a_history(store, make_stream):
     store.ensure_stream(new)  # the new definition is now the registered one
 
 
-@pytest.mark.fast
+def test_a_damaged_time_column_fails_only_the_reads_that_decode_it(store, make_config):
+    """A stored cluster time out of range (a hand-edited or corrupted store) fails the runs
+    that resume from it, but a replay's source check and `tidemark reset`, the way out, read
+    only the columns they need."""
+    stream = make_config()
+    store.ensure_stream(stream)
+    lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
+    at = NewPosition(start_at_operation_time=Timestamp(7, 1), cluster_time=Timestamp(7, 1))
+    store.reset_checkpoint(lease, stream, at, "time T", "tester")
+    with store.transaction("damage") as conn:
+        c = schema.checkpoints
+        conn.execute(update(c).where(c.c.stream == stream.name).values(cluster_time=-5))
+    with pytest.raises(ValueError):
+        store.checkpoint(stream.name)
+
+    source = SourceIdentity("replica_set", "rs0", "id")
+    store.check_source(stream, source)  # a replay's check
+    store.reset_checkpoint(lease, stream, at, "time T again", "tester")
+    assert store.checkpoint(stream.name).cluster_time == Timestamp(7, 1)
+
+
 def test_unreachable_database_is_a_clear_error_without_the_password():
     with pytest.raises(StateStoreError) as refused:
         StateStore("postgresql://tm:topsecret@127.0.0.1:1/tidemark?connect_timeout=2")
@@ -130,8 +151,8 @@ def _batch(batch_id: str, stream: str, path: str) -> BatchRecord:
     )
 
 
-def test_last_batch_is_the_newest_committed_of_the_stream(store, make_stream):
-    orders, users = make_stream(), make_stream(name="users", collection="users")
+def test_last_batch_is_the_newest_committed_of_the_stream(store, make_config):
+    orders, users = make_config(), make_config(name="users", collection="users")
     store.ensure_stream(orders)
     store.ensure_stream(users)
     assert store.last_batch(orders.name) is None
@@ -153,8 +174,8 @@ def _snapshot(snapshot_id: str, stream: str, started_at: datetime) -> SnapshotRe
     )
 
 
-def test_running_snapshot_is_the_newest_still_running(store, make_stream):
-    stream = make_stream()
+def test_running_snapshot_is_the_newest_still_running(store, make_config):
+    stream = make_config()
     store.ensure_stream(stream)
     lease = store.acquire_lease(stream.name, "capture", timedelta(minutes=5))
     assert store.running_snapshot(stream.name) is None
@@ -186,10 +207,10 @@ def _run(stream: str, version: int, path: str | None, **more: Any) -> CurrentVer
     )
 
 
-def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, make_stream):
+def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, make_config):
     """Time travel to run N reads each collection's Delta version as of N: a table a later run
     did not touch keeps its older record, one made later does not exist yet."""
-    stream = make_stream()
+    stream = make_config()
     store.ensure_stream(stream)
     runs = TransformState(store)
     lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
@@ -212,8 +233,8 @@ def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, ma
     assert at(3) == at(None) == [("a", 2, 1, 6), ("b", 3, 1, 3)]
 
 
-def test_change_log_runs_are_found_by_their_event_id_range(store, make_stream):
-    stream = make_stream()
+def test_change_log_runs_are_found_by_their_event_id_range(store, make_config):
+    stream = make_config()
     store.ensure_stream(stream)
     runs = TransformState(store)
     lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
@@ -230,8 +251,8 @@ def test_change_log_runs_are_found_by_their_event_id_range(store, make_stream):
     assert [r.version for r in runs.change_log_runs(stream.name)] == [1, 2, 3]
 
 
-def test_latest_run_and_latest_version_are_the_newest(store, make_stream):
-    stream = make_stream()
+def test_latest_run_and_latest_version_are_the_newest(store, make_config):
+    stream = make_config()
     store.ensure_stream(stream)
     runs = TransformState(store)
     assert runs.latest(stream.name) is None and runs.latest_version(stream.name) is None
