@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from state import StateStore, schema
+from tests.helpers.cli_env import cli_environment
 from tests.helpers.credentials import SECRET
 from tidemark.cli.commands import main
 
@@ -133,21 +134,8 @@ def _fingerprint(path: Path) -> str:
 def test_bad_input_is_one_clear_paragraph_and_changes_nothing(
     case, mongod, auth_mongod, client, db_name, tmp_path, monkeypatch, capsys
 ):
-    env = {
-        "lake": tmp_path / "lake",
-        "state_url": f"sqlite:///{tmp_path / 'state.db'}",
-        "auth_uri": auth_mongod[1],
-    }
-    config = tmp_path / "streams.yaml"
-    config.write_text(GOOD.replace("DB", db_name))
-    for key, value in {
-        "MONGODB_URI": mongod.uri,
-        "TIDEMARK_CONFIG": str(config),
-        "TIDEMARK_STATE_URL": env["state_url"],
-        "TIDEMARK_LAKE": str(env["lake"]),
-        "TIDEMARK_HOME": str(tmp_path / "home"),
-    }.items():
-        monkeypatch.setenv(key, value)
+    paths = cli_environment(monkeypatch, tmp_path, mongod.uri, GOOD.replace("DB", db_name))
+    env = {"lake": paths["lake"], "state_url": paths["state_url"], "auth_uri": auth_mongod[1]}
     # A stream with history: a committed position and a committed batch.
     assert main(["drain", "orders"]) == 0
     client[db_name]["orders"].insert_many([{"_id": i} for i in range(4)])
@@ -159,7 +147,7 @@ def test_bad_input_is_one_clear_paragraph_and_changes_nothing(
         monkeypatch.setenv("TIDEMARK_STATE_URL", env["state_url"])
         monkeypatch.setenv("TIDEMARK_LAKE", str(env["lake"]))
     if case.config is not GOOD:
-        config.write_text(case.config)
+        paths["config"].write_text(case.config)
     if case.uri:
         monkeypatch.setenv("MONGODB_URI", case.uri(env))
     good_state = f"sqlite:///{tmp_path / 'state.db'}"

@@ -21,4 +21,7 @@ def cli_environment(
     monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
     monkeypatch.setenv("TIDEMARK_LAKE", str(tmp_path / "lake"))
     monkeypatch.setenv("TIDEMARK_HOME", str(tmp_path / "home"))
+    # The command runs in the test's directory: a checkout's own `.tidemark` (`make demo`
+    # leaves one) would otherwise be a second candidate home, named in a notice on stderr.
+    monkeypatch.chdir(tmp_path)
     return {"config": config, "state_url": state_url, "lake": tmp_path / "lake"}
