@@ -20,7 +20,13 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from state import schema
-from state.columns import position_columns, source_columns, token_value, ts_value
+from state.columns import (
+    position_columns,
+    source_columns,
+    source_value,
+    token_value,
+    ts_value,
+)
 from state.records import Checkpoint, NewPosition
 from state.schema import utc_now
 from tidemark.config import StreamConfig, describe_definition_change
@@ -127,9 +133,8 @@ def stored_source(conn: Connection, stream: str) -> tuple[SourceIdentity | None,
     ).first()
     if row is None:  # not registered yet
         return None, False
-    source = SourceIdentity(row.source_kind, row.source_set, row.source_id)
     has_position = row.token is not None or row.start_at_operation_time is not None
-    return (source if row.source_kind else None), has_position
+    return source_value(row), has_position
 
 
 def ensure_stream_row(conn: Connection, stream: StreamConfig) -> None:
@@ -191,11 +196,7 @@ def read_checkpoint(conn: Connection, stream: str) -> Checkpoint | None:
         fingerprint=row.fingerprint,
         version=row.version,
         updated_at=row.updated_at,
-        source=(
-            SourceIdentity(row.source_kind, row.source_set, row.source_id)
-            if row.source_kind
-            else None
-        ),
+        source=source_value(row),
     )
 
 

@@ -51,3 +51,10 @@ def position_columns(position: NewPosition) -> dict[str, Any]:
 def source_columns(source: SourceIdentity) -> dict[str, Any]:
     """The checkpoint columns that record `source`."""
     return {"source_kind": source.kind, "source_set": source.set_name, "source_id": source.id}
+
+
+def source_value(row: Any) -> SourceIdentity | None:
+    """The deployment a checkpoint row records (`source_columns`); None when it records none."""
+    if not row.source_kind:
+        return None
+    return SourceIdentity(row.source_kind, row.source_set, row.source_id)
