@@ -34,8 +34,12 @@ endif
 demo: check-java install $(DEMO_SERVERS)
 	$(BIN)/tidemark demo
 
+# Two workers (pytest-xdist), one a core: the tests marked own_servers (their own JVM, Connect
+# server, cluster or multi-gigabyte process) share one worker, one at a time (tests/conftest.py).
+# The run ends with the slowest tests and a table of where the time went
+# (tests/helpers/suite_time.py).
 test: check-java install browser postgres
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=15
 
 # The fast tier: the tests marked `fast`, which need no mongod and no Spark (seconds, not minutes).
 test-fast: install

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import os
 import tempfile
 import zipfile
 from pathlib import Path
@@ -42,7 +43,8 @@ def code_archive() -> Path:
     target = Path(tempfile.gettempdir()) / "tidemark-spark-code" / f"tidemark-{digest}.zip"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        staged = target.with_suffix(f".{digest}.part")
+        # A name of this process's own: two processes shipping the same code never share one.
+        staged = target.with_suffix(f".{os.getpid()}.part")
         staged.write_bytes(data)
         staged.replace(target)
     return target

@@ -8,12 +8,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from pymongo import MongoClient
 from sqlalchemy import create_engine, text
 
@@ -33,6 +36,9 @@ from tidemark.config import StreamConfig
 from tidemark.errors import EmbeddedMongoError
 from tidemark.object_path import LakePath, ObjectPath
 
+# Where the suite's time goes, printed at the end of every run (.ci/run's table).
+pytest_plugins = ["tests.helpers.suite_time"]
+
 POSTGRES_ENV = "TIDEMARK_TEST_POSTGRES_URL"
 # CI sets it: a second server that cannot run fails instead of skipping.
 MATRIX_ENV = "TIDEMARK_REQUIRE_MONGOD_MATRIX"
@@ -41,6 +47,16 @@ MATRIX_ENV = "TIDEMARK_REQUIRE_MONGOD_MATRIX"
 # server of its own): a TIDEMARK_SPARK_REMOTE in the developer's shell would switch every
 # process that imports `orchestration` to Spark Connect mode.
 os.environ.pop("TIDEMARK_SPARK_REMOTE", None)
+# Every Spark JVM of the suite is short-lived: the quick compiler alone saves ~40 % of a
+# JVM's CPU (README, TIDEMARK_SPARK_JAVA_OPTIONS); child processes inherit it.
+os.environ.setdefault("TIDEMARK_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# Hypothesis keeps the examples it found under the system's temporary directory, not in the
+# checkout: no test writes into the repository (.ci/run checks it).
+hypothesis_settings.register_profile(
+    "tidemark",
+    database=DirectoryBasedExampleDatabase(Path(tempfile.gettempdir()) / "tidemark-hypothesis"),
+)
+hypothesis_settings.load_profile("tidemark")
 # The test S3 server's identity (any pair: it is the server's only one).
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "tidemark-test",
@@ -72,6 +88,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "without mongod and Spark. Remove the fast mark or the fixture.",
             pytrace=False,
         )
+
+
+# Under pytest-xdist (`make test` runs two workers), the tests that start a JVM, Connect
+# server, cluster or multi-gigabyte process of their own run on one worker, one at a time:
+# two at once on two cores would each take twice as long and risk their timeouts. The rest
+# (mostly waiting on mongod, Dagster's processes, a browser) runs beside them.
+OWN_SERVERS_GROUP = "own_servers"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("own_servers") is not None:
+            item.add_marker(pytest.mark.xdist_group(OWN_SERVERS_GROUP))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -259,7 +289,9 @@ def sqlite_store(state_url_sqlite: str) -> Iterator[StateStore]:
 def spark():
     from resources.spark import SparkConfig, spark_session, stop_if_created
 
-    session, created = spark_session(SparkConfig(master="local[2]", driver_memory="2g"))
+    # Two shuffle partitions: one task a core; the tests' tables are small.
+    config = SparkConfig(master="local[2]", driver_memory="2g", shuffle_partitions=2)
+    session, created = spark_session(config)
     yield session
     stop_if_created(session, created)
 
@@ -272,6 +304,28 @@ def tiny_mongod(tmp_path: Path) -> Iterator[Mongod]:
     server = start_mongod(tmp_path / "tiny", oplog_size_mb=1, extra_args=("--syncdelay", "1"))
     yield server
     stop_mongod(server)
+
+
+@pytest.fixture(scope="session")
+def mongod_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongod]:
+    """A second replica set, of the same name as the session's (`rs0`): only its id tells them
+    apart. One per session: the tests that need it only need a separate server."""
+    server = start_mongod(tmp_path_factory.mktemp("mongod-b") / "data", oplog_size_mb=64)
+    # The tests' positions on A must lie inside B's oplog, as a long-lived B's would: else B
+    # answers "history lost" and the silent case those tests are about never happens.
+    with MongoClient(server.uri) as b:
+        first = b.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])["ts"]
+    while time.time() < first.time + 2:
+        time.sleep(0.1)
+    yield server
+    stop_mongod(server)
+
+
+@pytest.fixture(scope="session")
+def raw_client_b(mongod_b: Mongod) -> Iterator[MongoClient]:
+    c = connect(mongod_b.uri, raw=True)
+    yield c
+    c.close()
 
 
 @pytest.fixture(scope="session")

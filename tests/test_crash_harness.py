@@ -70,6 +70,8 @@ def _run_and_kill(step, window, rng, mongod, state_url, lake, stream) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
+@pytest.mark.own_servers
 def test_thirty_random_kills_lose_nothing_and_duplicate_nothing(
     mongod, spark, client, raw_client, sqlite_store, state_url_sqlite, lake, make_stream, db_name
 ):

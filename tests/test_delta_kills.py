@@ -79,6 +79,7 @@ def _read_all(spark, store, lake, stream: str, db: str) -> dict[str, dict[str, s
 
 
 @pytest.mark.slow
+@pytest.mark.own_servers
 @pytest.mark.parametrize("point", ["during:2", "after:2", "before_commit"])
 def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
     point, mongod, spark, client, raw_client, sqlite_store, state_url_sqlite, lake, make_stream,

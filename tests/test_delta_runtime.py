@@ -167,6 +167,7 @@ stop_if_created(spark, created)
 
 
 @pytest.mark.slow
+@pytest.mark.own_servers
 def test_a_connect_server_writes_and_merges_delta(tmp_path: Path) -> None:
     from resources.spark_server import start_server, stop_server
 

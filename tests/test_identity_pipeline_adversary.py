@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import bson
@@ -25,17 +25,10 @@ from resources.mongo import connect, source_identity
 from state import StateStore
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import canonical, current_state
-from tests.test_source_identity import _downgrade_to_version_3, _state, mongod_b  # noqa: F401
+from tests.test_source_identity import _downgrade_to_version_3, _state
 from tidemark.config import StreamConfig
 from tidemark.errors import SourceChanged
 from tidemark.tokens import SourceIdentity
-
-
-@pytest.fixture(scope="module")
-def raw_client_b(mongod_b) -> Iterator[MongoClient]:  # noqa: F811
-    c = connect(mongod_b.uri, raw=True)
-    yield c
-    c.close()
 
 
 def _plain(raw: MongoClient) -> MongoClient:

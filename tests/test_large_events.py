@@ -311,6 +311,7 @@ def test_a_split_events_token_needs_the_split_stage_to_resume(
         )
 
 
+@pytest.mark.own_servers
 def test_sixteen_events_of_36_mb_fold_on_the_default_2_gb_server(
     client, raw_client, sqlite_store, lake, make_stream, db_name, tmp_path
 ):

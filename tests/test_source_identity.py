@@ -6,8 +6,6 @@ pointed at set B must refuse with nothing committed, and pointed back at A it lo
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,8 +16,7 @@ from sqlalchemy import create_engine, text
 
 from jobs.capture import drain, replay
 from jobs.ops.reset import reset_stream
-from resources.embedded_mongo import Mongod, start_mongod, stop_mongod
-from resources.mongo import connect, source_identity
+from resources.mongo import source_identity
 from state import StateStore
 from state.checkpoints import compare_and_set
 from state.engine import normalize_url
@@ -28,27 +25,6 @@ from tests.helpers.lake_reading import committed_table
 from tidemark.config import StreamConfig
 from tidemark.errors import SourceChanged
 from tidemark.tokens import ResumeToken, SourceIdentity
-
-
-@pytest.fixture(scope="module")
-def mongod_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongod]:
-    """A second replica set, of the same name as the session's: only its id tells them apart."""
-    server = start_mongod(tmp_path_factory.mktemp("mongod-b") / "data", oplog_size_mb=64)
-    # The tests' positions on A must lie inside B's oplog, as a long-lived B's would: else B
-    # answers "history lost" and the silent case this file is about never happens.
-    with MongoClient(server.uri) as b:
-        first = b.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])["ts"]
-    while time.time() < first.time + 2:
-        time.sleep(0.1)
-    yield server
-    stop_mongod(server)
-
-
-@pytest.fixture(scope="module")
-def raw_client_b(mongod_b: Mongod) -> Iterator[MongoClient]:
-    c = connect(mongod_b.uri, raw=True)
-    yield c
-    c.close()
 
 
 def _state(store: StateStore, stream: str) -> tuple:

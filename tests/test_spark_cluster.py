@@ -27,7 +27,7 @@ from tests.helpers.torture import TortureConfig, run_torture
 ROOT = Path(__file__).resolve().parent.parent
 SECONDS = float(os.environ.get("TIDEMARK_TORTURE_SECONDS", 30))
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]
 
 
 @pytest.fixture(scope="module")

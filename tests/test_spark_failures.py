@@ -22,7 +22,7 @@ from resources.processes import runs
 from resources.spark_server import CONNECT_CLASS, running_server, start_server, stop_server
 from tidemark.cli.commands import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,8 @@ def test_a_server_killed_mid_run_is_an_error_with_its_fix_then_restarted(
 OOM = r"""
 import json, os
 os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-from resources.spark import SparkConfig, spark_failures, spark_session
+from resources.spark import SparkConfig, spark_session
+from resources.spark_failures import spark_failures
 from tidemark.errors import TidemarkError
 
 spark, _ = spark_session(SparkConfig(remote=os.environ["URL"]))

@@ -36,7 +36,7 @@ from tests.helpers.oracle import source_state
 from tidemark.cli.commands import main
 from tidemark.errors import SparkServerError
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -66,6 +66,7 @@ def _host(name: str, env: dict[str, str], seconds: float, transform_after: float
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
     mongod, client, raw_client, db_name, pg_schema_url, s3_lake, tmp_path
 ) -> None:

@@ -35,7 +35,7 @@ from jobs.transform.apply import Fold, Folded, may_hold
 from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched
-from resources.spark import spark_failures
+from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
 from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
