@@ -2,28 +2,32 @@
 commits, then run again.
 
 A database-scope stream over three collections (a, b, c) is folded once; then each collection
-is written to and drained, and a transform in a child process kills itself (SIGKILL, from
-`tests/helpers/crash_child.py`): during the MERGE into b's `current` (its files being written,
-not logged), between b's commit and c's, or after every Delta commit and before the state
-store's. After the kill the state store and `read_current` still show the previous run; the
-next transform repeats the run with the same number, and then each collection's `current`
-(read with `deltalake`) equals `find()`, every event is in `changes` once, and the state store
-records each table's newest Delta version.
+is written to and drained (built once, copied per kill point), and a transform in a child
+process kills itself (SIGKILL, from `tests/helpers/crash_child.py`): during the MERGE into b's
+`current` (its files being written, not logged), between b's commit and c's, or after every
+Delta commit and before the state store's. After the kill the state store and `read_current`
+still show the previous run; the next transform repeats the run with the same number, and
+then each collection's `current` (read with `deltalake`) equals `find()`, every event is in
+`changes` once, and the state store records each table's newest Delta version.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
+import uuid
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import read_current, transform
-from state import TransformState
+from state import StateStore, TransformState
 from tests.helpers.crash_child import data_files
 from tests.helpers.delta_reading import (
     changes_event_ids,
@@ -33,6 +37,8 @@ from tests.helpers.delta_reading import (
 )
 from tests.helpers.lake_reading import direct_events
 from tests.helpers.oracle import current_state, source_state
+from tidemark.config import StreamConfig
+from tidemark.tokens import ResumeToken
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLS = ("a", "b", "c")  # folded in this order: the 2nd `current` commit of a run is b's
@@ -78,23 +84,48 @@ def _read_all(spark, store, lake, stream: str, db: str) -> dict[str, dict[str, s
     }
 
 
+@dataclass
+class Prepared:
+    """A lake and state store a run has folded once, then written to and drained: the state
+    each kill point starts from, built once and copied per case."""
+
+    directory: Path
+    db: str
+    stream: StreamConfig
+    start: ResumeToken
+
+
+@pytest.fixture(scope="module")
+def prepared(mongod, spark, client, raw_client, tmp_path_factory) -> Iterator[Prepared]:
+    directory = tmp_path_factory.mktemp("kills")
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    stream = StreamConfig(name="kills", database=db, max_await_time_ms=300)
+    store = StateStore(f"sqlite:///{directory / 'state.db'}")
+    lake = directory / "lake"
+    try:
+        drain(stream, raw_client, store, lake)
+        start = store.checkpoint(stream.name).token
+        _seed(client, db)
+        drain_until_caught_up(stream, raw_client, store, lake)
+        transform(spark, store, lake, stream)
+        _writes(client, db, random.Random(37))
+        drain_until_caught_up(stream, raw_client, store, lake)
+    finally:
+        store.close()
+    yield Prepared(directory, db, stream, start)
+    client.drop_database(db)
+
+
 @pytest.mark.slow
 @pytest.mark.own_servers
 @pytest.mark.parametrize("point", ["during:2", "after:2", "before_commit"])
 def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
-    point, mongod, spark, client, raw_client, sqlite_store, state_url_sqlite, lake, make_stream,
-    db_name,
-):  # fmt: skip
-    store = sqlite_store
-    stream = make_stream(name="kills", collection=None)
-    drain(stream, raw_client, store, lake)
-    start = store.checkpoint(stream.name).token
-    _seed(client, db_name)
-    drain_until_caught_up(stream, raw_client, store, lake)
-    transform(spark, store, lake, stream)
-    _writes(client, db_name, random.Random(point))
-    drain_until_caught_up(stream, raw_client, store, lake)
-
+    point, prepared, mongod, spark, raw_client, tmp_path
+):
+    shutil.copytree(prepared.directory, tmp_path / "case")
+    state_url = f"sqlite:///{tmp_path / 'case' / 'state.db'}"
+    store, lake = StateStore(state_url), tmp_path / "case" / "lake"
+    stream, db_name, start = prepared.stream, prepared.db, prepared.start
     tstate = TransformState(store)
     latest = tstate.latest(stream.name)
     assert latest is not None
@@ -104,7 +135,7 @@ def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
     before = _read_all(spark, store, lake, stream.name, db_name)
     files_before = {ns: data_files(path) for ns, path in currents.items()}
 
-    _kill_child(point, mongod, state_url_sqlite, lake, stream)
+    _kill_child(point, mongod, state_url, lake, stream)
 
     # The state store and every reader through it still see the previous run.
     assert tstate.latest(stream.name) == latest
@@ -138,3 +169,4 @@ def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
     assert sorted(logged) == sorted(reference)
     for table in tstate.tables(stream.name):
         assert table.delta_version == delta_version(lake / table.path), table
+    store.close()

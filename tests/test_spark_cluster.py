@@ -25,7 +25,7 @@ from tests.helpers.spark_cluster import SparkCluster, start_cluster, stop_cluste
 from tests.helpers.torture import TortureConfig, run_torture
 
 ROOT = Path(__file__).resolve().parent.parent
-SECONDS = float(os.environ.get("TIDEMARK_TORTURE_SECONDS", 30))
+SECONDS = float(os.environ.get("TIDEMARK_TORTURE_SECONDS", 18))
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_servers]
 

@@ -14,7 +14,7 @@ from tests.helpers.torture import TortureConfig, run_torture
 # A fixed seed or two; TIDEMARK_TORTURE_SEED runs another one (the soak takes any).
 SEEDS = [int(os.environ["TIDEMARK_TORTURE_SEED"])] if "TIDEMARK_TORTURE_SEED" in os.environ else [7]
 
-SECONDS = float(os.environ.get("TIDEMARK_TORTURE_SECONDS", 30))
+SECONDS = float(os.environ.get("TIDEMARK_TORTURE_SECONDS", 18))
 
 
 @pytest.mark.slow
@@ -34,7 +34,7 @@ def test_torture(seed, mongod, spark, tmp_path):
 def test_torture_history_lost_resnapshots(spark, tmp_path, tiny_mongod):
     """The tiny-oplog variant: `on_history_lost: resnapshot` streams rolled past, on a mongod
     of their own (`--oplogSize 1 --syncdelay 1`, see FIELD-NOTES)."""
-    cfg = TortureConfig(seed=SEEDS[0], write_seconds=SECONDS / 2, history_lost=True)
+    cfg = TortureConfig(seed=SEEDS[0], write_seconds=SECONDS * 2 / 3, history_lost=True)
     ok, text, _ = run_torture(
         tiny_mongod.uri, tmp_path / "lake", f"sqlite:///{tmp_path / 'state.db'}", cfg, spark
     )

@@ -112,7 +112,7 @@ def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
     hosts = [
         threading.Thread(
             target=lambda h=h: results.update(
-                {h: _host(h, {**env, "TIDEMARK_HOME": str(tmp_path / h)}, 40, 10)}
+                {h: _host(h, {**env, "TIDEMARK_HOME": str(tmp_path / h)}, 24, 8)}
             )
         )
         for h in ("host-a", "host-b")

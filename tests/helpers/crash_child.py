@@ -4,6 +4,11 @@ random moment; or a transform that SIGKILLs itself at an exact point of its Delt
 Usage: python -m tests.helpers.crash_child drain|transform|compact URI STATE_URL LAKE STREAM_JSON
        python -m tests.helpers.crash_child kill:POINT URI STATE_URL LAKE STREAM_JSON
 
+A random-kill child (drain, transform, compact) prints, on its stdout, `begun` when its run
+starts (after its imports and its JVM's start), `committed` after each Delta commit and
+`compacting` when its compaction starts: the harness (tests/test_crash_harness.py) draws its
+kill moments from `begun` on and files each kill under the last line it saw.
+
 POINT (the kill tests, tests/test_delta_kills.py):
 - `during:N`: inside the Nth commit to a `current` table of the run (a MERGE into a table that
   exists), once the commit has begun writing its data files and before Delta logs it;
@@ -71,6 +76,21 @@ def install_kill(point: str) -> None:
     delta_io.COMMIT_HOOK = hook
 
 
+def report(line: str) -> None:
+    """Tell the harness where the run is (see the module docstring)."""
+    print(line, flush=True)
+
+
+def report_commits() -> None:
+    from jobs.transform import delta_io
+
+    def hook(stage: str, path: Path, slot: int) -> None:
+        if stage == "after":
+            report("committed")
+
+    delta_io.COMMIT_HOOK = hook
+
+
 def main() -> None:
     step, uri, state_url, lake, stream_json = sys.argv[1:6]
     stream = StreamConfig.model_validate_json(stream_json)
@@ -78,7 +98,9 @@ def main() -> None:
     if step == "drain":
         from jobs.capture import drain
 
-        drain(stream, connect(uri, raw=True), store, Path(lake), flush_rows=150)
+        client = connect(uri, raw=True)
+        report("begun")
+        drain(stream, client, store, Path(lake), flush_rows=150)
     else:
         from jobs.transform import compact, transform
         from resources.spark import SparkConfig, spark_session
@@ -89,10 +111,14 @@ def main() -> None:
             point = step.removeprefix("kill:")
             install_kill(point)
             before_commit = die if point == "before_commit" else None
+        else:
+            report_commits()
+            report("begun")
         transform(spark, store, Path(lake), stream, before_commit=before_commit)
         if step.startswith("kill:"):
             sys.exit(f"the transform finished: the kill point {step!r} was never reached")
         if step == "compact":
+            report("compacting")
             compact(spark, store, Path(lake), stream)
 
 
