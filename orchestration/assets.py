@@ -2,7 +2,6 @@
 operation time); the transform's are in `orchestration.transform_assets`."""
 
 import warnings
-from datetime import datetime
 from typing import Any
 
 import dagster as dg
@@ -32,35 +31,25 @@ def progress_log(context: dg.AssetExecutionContext) -> ProgressCallback:
     return sparse(lambda progress: context.log.info(describe(progress)), every_s=10)
 
 
-def replay_partitions(
-    stream: StreamConfig, first_checkpoint: datetime | None = None
-) -> dg.TimeWindowPartitionsDefinition:
-    """The configured windows from `replay.start`, or from the window holding the stream's
-    first checkpoint when that is later: nothing before it was ever this stream's (a stream
-    with a start time of its own began there, whenever it registered)."""
+def replay_partitions(stream: StreamConfig) -> dg.TimeWindowPartitionsDefinition:
+    """Every window from `replay.start` to the one still open, whatever the oplog holds when
+    the definitions load: a window the oplog no longer holds, or the open one, is a partition
+    whose run ends with Tidemark's message (`ReplayRefused`), never a key Dagster does not
+    know. The partitions are fixed by the streams file alone, so a load reads neither MongoDB
+    nor the state store for them, and a key never disappears as the oplog rolls on; the check
+    `oplog_reach` says which windows can run now."""
     minutes = stream.replay.cron.split()[0] != "0"
-
-    def windows(start: datetime) -> dg.TimeWindowPartitionsDefinition:
-        return dg.TimeWindowPartitionsDefinition(
-            cron_schedule=stream.replay.cron,
-            start=start,
-            fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
-            timezone="UTC",
-        )
-
-    configured = windows(stream.replay.start)
-    if first_checkpoint is None:
-        return configured
-    if isinstance(stream.start, datetime):
-        first_checkpoint = min(first_checkpoint, stream.start)
-    key = configured.get_partition_key_for_timestamp(first_checkpoint.timestamp())
-    start = configured.start_time_for_partition_key(key)
-    return windows(start) if start > stream.replay.start else configured
+    return dg.TimeWindowPartitionsDefinition(
+        cron_schedule=stream.replay.cron,
+        start=stream.replay.start,
+        fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
+        timezone="UTC",
+        # The open window is a partition too, so asking for it gets the reason it cannot run.
+        end_offset=1,
+    )
 
 
-def stream_assets(
-    stream: StreamConfig, first_checkpoint: datetime | None = None
-) -> list[dg.AssetsDefinition]:
+def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
     k = keys(stream)
     raw_zone = _raw_zone_asset(stream)
 
@@ -98,7 +87,7 @@ def stream_assets(
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        replay_window = _replay_asset(stream, k, raw_zone, first_checkpoint)
+        replay_window = _replay_asset(stream, k, raw_zone)
     return [raw_changes, replay_window]
 
 
@@ -117,11 +106,10 @@ def _replay_asset(
     stream: StreamConfig,
     k: dict[str, dg.AssetKey],
     raw_zone: dict[str, Any],
-    first_checkpoint: datetime | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         key=k["replay"],
-        partitions_def=replay_partitions(stream, first_checkpoint),
+        partitions_def=replay_partitions(stream),
         backfill_policy=dg.BackfillPolicy.single_run(),
         **raw_zone,
     )

@@ -1,15 +1,14 @@
-"""What the state store says when the definitions load: each stream's first checkpoint (where
-its replay partitions start) and the collection tables its runs made (their assets).
+"""What the state store says when the definitions load: the collection tables each stream's
+runs made (their assets).
 
 The store is optional then: a SQLite file that does not exist yet is not created, and a store
-that cannot be read leaves the configuration alone (no extra tables, the configured
-`replay.start`), so a definitions load never fails on it.
+that cannot be read leaves the configuration alone (no extra tables), so a definitions load
+never fails on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,11 +35,6 @@ def _read_store(state_url: str, read: Callable[[StateStore], T], otherwise: T) -
         return otherwise
     finally:
         store.close()
-
-
-def first_checkpoints(state_url: str) -> dict[str, datetime]:
-    """Stream -> when it took its first checkpoint."""
-    return _read_store(state_url, lambda store: store.registered_at(), {})
 
 
 def known_tables(state_url: str, streams: Sequence[StreamConfig]) -> dict[str, list[TableName]]:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
-from state import checkpoints, leases, manifest, schema, snapshots
+from state import checkpoints, leases, manifest, snapshots
 from state.engine import database_errors, install_or_check_schema, make_engine
 from state.leases import CAPTURE_LEASE_TTL, RESET_LEASE_TTL
 from state.records import (
@@ -142,16 +142,6 @@ class StateStore:
         """
         with self.transaction("stream list") as conn:
             return checkpoints.stream_names(conn)
-
-    def registered_at(self) -> dict[str, datetime]:
-        """When each stream was registered, i.e. took its first checkpoint (issue 23, item 12).
-
-        Raises:
-            StateStoreError: the database failed.
-        """
-        with self.transaction("stream registration times") as conn:
-            rows = conn.execute(select(schema.streams.c.name, schema.streams.c.created_at))
-            return {name: created for name, created in rows}
 
     # -- leases --------------------------------------------------------------------------
 

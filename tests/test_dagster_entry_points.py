@@ -293,9 +293,10 @@ def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
     assert "Traceback" not in err
 
 
-def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_oplog_reach(
+def test_replay_partitions_run_from_replay_start_to_the_open_window_and_a_check_shows_the_reach(
     monkeypatch, tmp_path, mongod, client, db_name
 ):
+
     import dagster as dg
 
     from orchestration.definitions import build_definitions
@@ -308,23 +309,16 @@ def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_o
     config.write_text(f"streams:\n  - {{name: orders, database: {db_name}, collection: o}}\n")
     state_url = f"sqlite:///{tmp_path / 'state.db'}"
     monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
-    # No store yet: the configured start, and loading creates none.
+    # Fixed by the streams file: from replay.start to the window still open, and loading
+    # creates no store.
     defs = _load_location(monkeypatch, config)
     replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
     assert replay.partitions_def.get_first_partition_key() == "2026-01-01-00:00"
+    assert replay.partitions_def.get_last_partition_key() == f"{datetime.now(UTC):%Y-%m-%d-%H}:00"
     assert not (tmp_path / "state.db").exists()
 
     parsed = TidemarkConfig.model_validate({"streams": [{"name": "orders", "database": db_name,
                                                          "collection": "o"}]})  # fmt: skip
-    store = StateStore(state_url)
-    store.ensure_stream(parsed.streams[0])
-    registered = store.registered_at()["orders"]
-    store.close()
-    defs = _load_location(monkeypatch, config)
-    replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
-    # (The window of the first checkpoint is still open: its start, not a key, is checked.)
-    assert replay.partitions_def.start == registered.replace(minute=0, second=0, microsecond=0)
-
     # The check on replay: the oplog's first entry and the partitions before it.
     resources = build_resources(
         mongodb_uri=mongod.uri, state_url=state_url, lake_root=str(tmp_path / "lake")
@@ -344,3 +338,86 @@ def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_o
     assert f"{metadata['partitions_out_of_reach']} of {len(starts)} partitions" in (
         evaluation.description
     )
+
+
+def _sync(env: dict[str, str], stream: str) -> None:
+    done = _dagster(
+        env, "job", "execute", "-m", "orchestration.definitions", "-j", f"{stream}_sync"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_database_stream_through_snapshot_drop_and_odd_names_runs_from_the_dagster_cli(
+    monkeypatch, tmp_path, mongod, client, raw_client, db_name
+):
+    """A database stream as a user runs it: it starts with a snapshot, its database is dropped,
+    collections come back under names Dagster's own names cannot hold (spaces, Cyrillic, two
+    that escape alike), and a window from before its first checkpoint is replayed. Every load
+    of the code location keeps loading, and every collection's `current`, read by delta-rs,
+    is what find() returns."""
+    import dagster as dg
+
+    from resources.mongo import oplog_window
+    from tests.helpers.delta_reading import current_tables, query
+    from tests.helpers.oracle import source_state
+    from tidemark.tokens import ts_to_datetime
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        f"streams:\n  - name: odd\n    database: {db_name}\n    start: snapshot\n"
+        "    max_await_time_ms: 300\n    replay: {cron: '* * * * *', start: 2026-01-01}\n"
+    )
+    env = _environment(tmp_path, mongod.uri, config)
+    db = client[db_name]
+
+    # Writes in a window the oplog holds and that closes before the stream's first checkpoint.
+    oplog_first = ts_to_datetime(oplog_window(client).first)
+    while datetime.now(UTC).replace(second=0, microsecond=0) <= oplog_first:
+        time.sleep(1)
+    window = datetime.now(UTC).replace(second=0, microsecond=0)
+    db["plain"].insert_many([{"_id": i, "n": i} for i in range(3)])
+    while datetime.now(UTC) < window + timedelta(minutes=1, seconds=1):
+        time.sleep(1)
+
+    _sync(env, "odd")  # the snapshot, then its fold
+    client.drop_database(db_name)
+    odd_names = ("заказы и ключи", "a-b", "a.b")
+    for n, name in enumerate(odd_names):
+        db[name].insert_many([{"_id": k, "name": name, "k": k} for k in range(n + 1)])
+    # The code location loads with the stream's `$database` table (main failed here) and
+    # drains the drop and the new collections.
+    _sync(env, "odd")
+    replay = _dagster(
+        env, "asset", "materialize", "-m", "orchestration.definitions",
+        "--select", "odd/replay", "--partition", f"{window:%Y-%m-%d-%H:%M}",
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+    _sync(env, "odd")  # folds the replayed window
+
+    store = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        tables = current_tables(store, tmp_path / "lake", "odd")
+        for name in (*odd_names, "plain"):
+            got = query(tables[(db_name, name)], "SELECT _tm_key, _tm_document FROM t")
+            want = source_state(raw_client, db_name, name)
+            assert {r["_tm_key"]: r["_tm_document"] for r in got} == want, name
+        # The replayed window's inserts are in `plain`'s change log; the drop keeps them out
+        # of its `current` (empty, as find() is).
+        changes = tables[(db_name, "plain")].parent / "changes"
+        replayed = query(changes, "SELECT operation_type FROM t WHERE source = 'replay'")
+        assert [r["operation_type"] for r in replayed] == ["insert"] * 3
+    finally:
+        store.close()
+
+    # Each table is an asset under its real names, the two that escape alike apart.
+    monkeypatch.setenv("TIDEMARK_STATE_URL", env["TIDEMARK_STATE_URL"])
+    graph = _load_location(monkeypatch, config).resolve_asset_graph()
+    found = {tuple(k.path) for k in graph.get_all_asset_keys()}
+    for name in (*odd_names, "plain"):
+        assert {("odd", db_name, f"{name}.{kind}") for kind in ("changes", "current")} <= found
+    assert ("odd", db_name, "$database.changes") in found
+    assert not any(
+        k.path[0] == "odd" and k.path[-1] == "config" for k in graph.get_all_asset_keys()
+    )
+    assert dg.AssetKey(["odd", db_name, "a-b.current"]) in graph.get_all_asset_keys()
