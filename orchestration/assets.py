@@ -2,6 +2,7 @@
 operation time); the transform's are in `orchestration.transform_assets`."""
 
 import warnings
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
@@ -31,25 +32,37 @@ def progress_log(context: dg.AssetExecutionContext) -> ProgressCallback:
     return sparse(lambda progress: context.log.info(describe(progress)), every_s=10)
 
 
-def replay_partitions(stream: StreamConfig) -> dg.TimeWindowPartitionsDefinition:
-    """Every window from `replay.start` to the one still open, whatever the oplog holds when
-    the definitions load: a window the oplog no longer holds, or the open one, is a partition
-    whose run ends with Tidemark's message (`ReplayRefused`), never a key Dagster does not
-    know. The partitions are fixed by the streams file alone, so a load reads neither MongoDB
-    nor the state store for them, and a key never disappears as the oplog rolls on; the check
-    `oplog_reach` says which windows can run now."""
+def replay_partitions(
+    stream: StreamConfig, oplog_first: datetime | None = None
+) -> dg.TimeWindowPartitionsDefinition:
+    """The windows from the one holding the oplog's first entry as the stream's last drain saw
+    it (`oplog_first`, from the state store: a load reads no MongoDB), never before
+    `replay.start`, to the open one. Without a drain yet, from `replay.start`. A window the
+    oplog no longer holds by the time it runs, or the open one, is refused in its run with
+    Tidemark's message (`ReplayRefused`); the check `oplog_reach` says which can run."""
     minutes = stream.replay.cron.split()[0] != "0"
-    return dg.TimeWindowPartitionsDefinition(
-        cron_schedule=stream.replay.cron,
-        start=stream.replay.start,
-        fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
-        timezone="UTC",
-        # The open window is a partition too, so asking for it gets the reason it cannot run.
-        end_offset=1,
-    )
+
+    def windows(start: datetime) -> dg.TimeWindowPartitionsDefinition:
+        return dg.TimeWindowPartitionsDefinition(
+            cron_schedule=stream.replay.cron,
+            start=start,
+            fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
+            timezone="UTC",
+            # The open window is a partition too, so asking for it gets the reason it cannot
+            # run, not Dagster's unknown-partition error.
+            end_offset=1,
+        )
+
+    configured = windows(stream.replay.start)
+    if oplog_first is None or oplog_first <= stream.replay.start:
+        return configured
+    key = configured.get_partition_key_for_timestamp(oplog_first.timestamp())
+    return windows(configured.start_time_for_partition_key(key))
 
 
-def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
+def stream_assets(
+    stream: StreamConfig, oplog_first: datetime | None = None
+) -> list[dg.AssetsDefinition]:
     k = keys(stream)
     raw_zone = _raw_zone_asset(stream)
 
@@ -87,7 +100,7 @@ def stream_assets(stream: StreamConfig) -> list[dg.AssetsDefinition]:
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        replay_window = _replay_asset(stream, k, raw_zone)
+        replay_window = _replay_asset(stream, k, raw_zone, oplog_first)
     return [raw_changes, replay_window]
 
 
@@ -106,10 +119,11 @@ def _replay_asset(
     stream: StreamConfig,
     k: dict[str, dg.AssetKey],
     raw_zone: dict[str, Any],
+    oplog_first: datetime | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         key=k["replay"],
-        partitions_def=replay_partitions(stream),
+        partitions_def=replay_partitions(stream, oplog_first),
         backfill_policy=dg.BackfillPolicy.single_run(),
         **raw_zone,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from orchestration.checks import stream_checks
 from orchestration.collection_checks import collections_listed_check
 from orchestration.compaction import compaction_job, compaction_sensor
 from orchestration.config_errors import WHOLE_FILE, config_error_definitions
-from orchestration.discovery import known_tables
+from orchestration.discovery import known_tables, oplog_reach
 from orchestration.keys import TableName
 from orchestration.maintenance import gc_job, gc_schedule
 from orchestration.notifications import notification_sensors
@@ -74,11 +75,13 @@ class _Parts:
         )
 
 
-def _stream_parts(stream: StreamConfig, tables: Sequence[TableName]) -> _Parts:
+def _stream_parts(
+    stream: StreamConfig, tables: Sequence[TableName], oplog_first: datetime | None
+) -> _Parts:
     """Everything one stream contributes."""
-    partitions = replay_partitions(stream)
+    partitions = replay_partitions(stream, oplog_first)
     return _Parts(
-        assets=[*stream_assets(stream), transform_asset(stream, tables)],
+        assets=[*stream_assets(stream, oplog_first), transform_asset(stream, tables)],
         checks=[
             *stream_checks(stream),
             collections_listed_check(stream, stream_tables(stream, tables)),
@@ -91,13 +94,17 @@ def _stream_parts(stream: StreamConfig, tables: Sequence[TableName]) -> _Parts:
 
 
 def _loaded_alone(
-    stream: StreamConfig, index: int, tables: Sequence[TableName], resources: dict[str, Any]
+    stream: StreamConfig,
+    index: int,
+    tables: Sequence[TableName],
+    oplog_first: datetime | None,
+    resources: dict[str, Any],
 ) -> _Parts | BrokenStream:
     """The stream's definitions, made and resolved on their own first, so whatever fails in
     them (a name Dagster refuses, a bug) is reported by the stream's error asset and sensor
     (`config_errors`) and never stops the other streams from loading."""
     try:
-        parts = _stream_parts(stream, tables)
+        parts = _stream_parts(stream, tables, oplog_first)
         dg.Definitions.validate_loadable(parts.definitions(resources))
     except Exception as exc:
         return BrokenStream(stream.name, index, StreamNotLoaded.of(stream.name, exc))
@@ -109,18 +116,22 @@ def build_definitions(
     resources: dict[str, Any] | None = None,
     broken: Sequence[BrokenStream] = (),
     tables: dict[str, list[TableName]] | None = None,
+    oplog_reach: dict[str, datetime] | None = None,
 ) -> dg.Definitions:
     """Everything Tidemark contributes for the configured streams, and a report of each
     `broken` one (and of each stream whose definitions fail to load); `resources` (from
     `build_resources`) replaces the environment's, for the demo and tests. `tables` (stream ->
     (db, collection, kind)) gives each collection table the stream's runs made an asset (a
-    collection stream's own are always there)."""
+    collection stream's own are always there); `oplog_reach` (stream -> the oplog's first entry
+    as its last drain saw it) starts its replay partitions there."""
     resources = env_resources() if resources is None else resources
-    made = tables or {}
+    made, reach = tables or {}, oplog_reach or {}
     loaded, broken = [], list(broken)
     everything = _Parts()
     for index, stream in enumerate(config.streams):
-        outcome = _loaded_alone(stream, index, made.get(stream.name, []), resources)
+        outcome = _loaded_alone(
+            stream, index, made.get(stream.name, []), reach.get(stream.name), resources
+        )
         if isinstance(outcome, BrokenStream):
             broken.append(outcome)
             continue
@@ -153,7 +164,10 @@ def location_definitions(path: Path | str) -> dg.Definitions:
     )
     state_url = Settings.from_env().state_url
     return build_definitions(
-        config, broken=streams_file.broken, tables=known_tables(state_url, streams_file.streams)
+        config,
+        broken=streams_file.broken,
+        tables=known_tables(state_url, streams_file.streams),
+        oplog_reach=oplog_reach(state_url),
     )
 
 

@@ -1,14 +1,16 @@
-"""What the state store says when the definitions load: the collection tables each stream's
+"""What the state store says when the definitions load: how far back the oplog reached when
+each stream last drained (where its replay partitions start) and the collection tables its
 runs made (their assets).
 
 The store is optional then: a SQLite file that does not exist yet is not created, and a store
-that cannot be read leaves the configuration alone (no extra tables), so a definitions load
-never fails on it.
+that cannot be read leaves the configuration alone (no extra tables, the configured
+`replay.start`), so a definitions load never fails on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +19,7 @@ from orchestration.keys import TableName
 from state import StateStore
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
+from tidemark.tokens import ts_to_datetime
 
 T = TypeVar("T")
 
@@ -35,6 +38,15 @@ def _read_store(state_url: str, read: Callable[[StateStore], T], otherwise: T) -
         return otherwise
     finally:
         store.close()
+
+
+def oplog_reach(state_url: str) -> dict[str, datetime]:
+    """Stream -> the oplog's first entry as its last drain saw it."""
+    return _read_store(
+        state_url,
+        lambda store: {s: ts_to_datetime(ts) for s, ts in store.oplog_firsts().items()},
+        {},
+    )
 
 
 def known_tables(state_url: str, streams: Sequence[StreamConfig]) -> dict[str, list[TableName]]:

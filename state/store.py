@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from bson import Timestamp
 from sqlalchemy import Connection
 
 from state import checkpoints, leases, manifest, snapshots
@@ -142,6 +143,25 @@ class StateStore:
         """
         with self.transaction("stream list") as conn:
             return checkpoints.stream_names(conn)
+
+    def record_oplog_first(self, stream: str, first: Timestamp) -> None:
+        """Note the oplog's first entry as a run of `stream` saw it (the replay partitions
+        start there when the Dagster definitions load next).
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        with self.transaction("oplog reach") as conn:
+            checkpoints.record_oplog_first(conn, stream, first)
+
+    def oplog_firsts(self) -> dict[str, Timestamp]:
+        """Stream -> the oplog's first entry as its last drain saw it.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        with self.transaction("oplog reach") as conn:
+            return checkpoints.oplog_firsts(conn)
 
     # -- leases --------------------------------------------------------------------------
 

@@ -274,6 +274,58 @@ def test_a_streams_file_that_is_not_yaml_is_reported_without_a_traceback(monkeyp
     assert "is not valid YAML at line" in evaluation.description
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("where", ["building", "resolving"])
+def test_a_stream_whose_definitions_fail_is_reported_and_the_others_load(
+    monkeypatch, tmp_path, where
+):
+    """Whatever fails in one stream's definitions (here a bug planted in them: an exception
+    while they are built, or a job Dagster cannot resolve), that stream is reported and the
+    others load and run."""
+    import dagster as dg
+
+    import orchestration.schedules
+    import orchestration.transform_assets
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        "streams:\n  - {name: good, database: shop, collection: orders}\n"
+        "  - {name: bad, database: shop, collection: items}\n"
+    )
+    if where == "building":
+        real = orchestration.transform_assets.transform_asset
+
+        def transform_asset(stream, *args):
+            if stream.name == "bad":
+                raise ZeroDivisionError("a bug in the bad stream's definitions")
+            return real(stream, *args)
+
+        monkeypatch.setattr(orchestration.transform_assets, "transform_asset", transform_asset)
+    else:
+        real_jobs = orchestration.schedules.stream_jobs
+
+        def stream_jobs(stream):
+            unknown = dg.define_asset_job(f"{stream.name}_lost", selection=["no", "such"])
+            return real_jobs(stream) + ([unknown] if stream.name == "bad" else [])
+
+        monkeypatch.setattr(orchestration.schedules, "stream_jobs", stream_jobs)
+    defs = _load_location(monkeypatch, config)
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {"good_drain", "good_sync", "good_replay", "good_resnapshot"} <= jobs
+    assert not any(name.startswith("bad_") for name in jobs)
+    evaluation = _check_outcome(
+        defs, dg.AssetCheckKey(dg.AssetKey(["bad", "config"]), "config_valid")
+    )
+    assert not evaluation.passed
+    assert evaluation.description.startswith("Stream 'bad' has no Dagster definitions")
+    assert ("ZeroDivisionError: a bug" if where == "building" else "bad_lost") in (
+        evaluation.description
+    )
+    assert "Traceback" not in evaluation.description
+    sensor = defs.resolve_sensor_def("bad_config_error")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
 def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
     monkeypatch, tmp_path, mongod, capsys
 ):
@@ -293,12 +345,12 @@ def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
     assert "Traceback" not in err
 
 
-def test_replay_partitions_run_from_replay_start_to_the_open_window_and_a_check_shows_the_reach(
-    monkeypatch, tmp_path, mongod, client, db_name
+def test_replay_partitions_start_where_the_oplog_reached_and_a_check_shows_the_reach(
+    monkeypatch, tmp_path, mongod, client, raw_client, db_name
 ):
-
     import dagster as dg
 
+    from jobs.capture import drain
     from orchestration.definitions import build_definitions
     from orchestration.resources import build_resources
     from resources.mongo import oplog_window
@@ -309,16 +361,27 @@ def test_replay_partitions_run_from_replay_start_to_the_open_window_and_a_check_
     config.write_text(f"streams:\n  - {{name: orders, database: {db_name}, collection: o}}\n")
     state_url = f"sqlite:///{tmp_path / 'state.db'}"
     monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
-    # Fixed by the streams file: from replay.start to the window still open, and loading
-    # creates no store.
+    # No store yet: from replay.start to the window still open, and loading creates none.
     defs = _load_location(monkeypatch, config)
     replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
     assert replay.partitions_def.get_first_partition_key() == "2026-01-01-00:00"
     assert replay.partitions_def.get_last_partition_key() == f"{datetime.now(UTC):%Y-%m-%d-%H}:00"
     assert not (tmp_path / "state.db").exists()
 
+    # A drain notes the oplog's first entry: the next load starts at its window, before the
+    # stream's first checkpoint.
     parsed = TidemarkConfig.model_validate({"streams": [{"name": "orders", "database": db_name,
                                                          "collection": "o"}]})  # fmt: skip
+    store = StateStore(state_url)
+    try:
+        drain(parsed.streams[0], raw_client, store, tmp_path / "lake")
+    finally:
+        store.close()
+    first = ts_to_datetime(oplog_window(client).first)
+    defs = _load_location(monkeypatch, config)
+    replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
+    assert replay.partitions_def.start == first.replace(minute=0, second=0, microsecond=0)
+
     # The check on replay: the oplog's first entry and the partitions before it.
     resources = build_resources(
         mongodb_uri=mongod.uri, state_url=state_url, lake_root=str(tmp_path / "lake")
@@ -326,7 +389,6 @@ def test_replay_partitions_run_from_replay_start_to_the_open_window_and_a_check_
     defs = build_definitions(parsed, resources)  # from the configured start: 2026-01-01
     key = dg.AssetCheckKey(dg.AssetKey(["orders", "replay"]), "oplog_reach")
     evaluation = _check_outcome(defs, key)
-    first = ts_to_datetime(oplog_window(client).first)
     partitions = build_definitions(parsed, resources).resolve_assets_def(key.asset_key)
     starts = [
         partitions.partitions_def.start_time_for_partition_key(k)
