@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -402,6 +403,18 @@ def test_replay_partitions_start_where_the_oplog_reached_and_a_check_shows_the_r
     )
 
 
+def _openable(table: Path, tmp_path: Path) -> Path:
+    """Where delta-rs can open `table`: a copy when its path holds a percent-escape (a
+    non-ASCII collection name's segment), which delta-rs 1.6 decodes when it reads the log
+    ("File not found: .../заказы и ключи/current/_delta_log/...json"), through symlinks too.
+    The copy is the same files: a Delta table's log names them relative to its root."""
+    if "%" not in str(table):
+        return table
+    copy = tmp_path / "delta-rs" / str(abs(hash(table)))
+    shutil.copytree(table, copy)
+    return copy
+
+
 def _sync(env: dict[str, str], stream: str) -> None:
     done = _dagster(
         env, "job", "execute", "-m", "orchestration.definitions", "-j", f"{stream}_sync"
@@ -461,7 +474,9 @@ def test_a_database_stream_through_snapshot_drop_and_odd_names_runs_from_the_dag
     try:
         tables = current_tables(store, tmp_path / "lake", "odd")
         for name in (*odd_names, "plain"):
-            got = query(tables[(db_name, name)], "SELECT _tm_key, _tm_document FROM t")
+            got = query(
+                _openable(tables[(db_name, name)], tmp_path), "SELECT _tm_key, _tm_document FROM t"
+            )
             want = source_state(raw_client, db_name, name)
             assert {r["_tm_key"]: r["_tm_document"] for r in got} == want, name
         # The replayed window's inserts are in `plain`'s change log; the drop keeps them out
