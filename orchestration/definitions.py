@@ -2,9 +2,10 @@
 
 The streams file (TIDEMARK_CONFIG, default ./streams.yaml) shapes the asset graph, so it is
 read when the definitions load, entry by entry: a broken stream is reported by its own asset,
-check and sensor (`config_errors`) and the others load. Every connection setting is read from
-the environment when a run starts. Each kind of definition comes from its own module, one
-factory per stream.
+check and sensor (`config_errors`) and the others load, and so is a stream whose definitions
+fail to build, whatever the exception (each stream's are built and resolved on their own
+first). Every connection setting is read from the environment when a run starts. Each kind of
+definition comes from its own module, one factory per stream.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,7 @@ class _Parts:
         for name in ("assets", "checks", "jobs", "schedules", "sensors"):
             getattr(self, name).extend(getattr(other, name))
 
-    def definitions(self, resources: dict[str, Any], **more: Any) -> dg.Definitions:
+    def definitions(self, resources: dict[str, Any]) -> dg.Definitions:
         return dg.Definitions(
             assets=self.assets,
             asset_checks=self.checks,
@@ -71,7 +73,6 @@ class _Parts:
             resources=resources,
             # Runs the automation sensor starts (the transform): one process, so one JVM at most.
             executor=dg.in_process_executor,
-            **more,
         )
 
 
@@ -127,8 +128,11 @@ def build_definitions(
     resources = env_resources() if resources is None else resources
     made, reach = tables or {}, oplog_reach or {}
     loaded, broken = [], list(broken)
+    # The valid streams hold the file's entries that are not broken, in order.
+    taken = {b.index for b in broken}
+    entries = (i for i in count() if i not in taken)
     everything = _Parts()
-    for index, stream in enumerate(config.streams):
+    for index, stream in zip(entries, config.streams, strict=False):
         outcome = _loaded_alone(
             stream, index, made.get(stream.name, []), reach.get(stream.name), resources
         )

@@ -319,6 +319,7 @@ def test_a_stream_whose_definitions_fail_is_reported_and_the_others_load(
     )
     assert not evaluation.passed
     assert evaluation.description.startswith("Stream 'bad' has no Dagster definitions")
+    assert evaluation.metadata["entry"].value == 1  # its place in the streams file
     assert ("ZeroDivisionError: a bug" if where == "building" else "bad_lost") in (
         evaluation.description
     )
