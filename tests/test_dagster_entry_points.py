@@ -364,10 +364,12 @@ def test_replay_partitions_start_where_the_oplog_reached_and_a_check_shows_the_r
     state_url = f"sqlite:///{tmp_path / 'state.db'}"
     monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
     # No store yet: from replay.start to the window still open, and loading creates none.
+    before = f"{datetime.now(UTC):%Y-%m-%d-%H}:00"
     defs = _load_location(monkeypatch, config)
     replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
     assert replay.partitions_def.get_first_partition_key() == "2026-01-01-00:00"
-    assert replay.partitions_def.get_last_partition_key() == f"{datetime.now(UTC):%Y-%m-%d-%H}:00"
+    last = replay.partitions_def.get_last_partition_key()  # the open window
+    assert last in (before, f"{datetime.now(UTC):%Y-%m-%d-%H}:00")
     assert not (tmp_path / "state.db").exists()
 
     # A drain notes the oplog's first entry: the next load starts at its window, before the
@@ -402,6 +404,22 @@ def test_replay_partitions_start_where_the_oplog_reached_and_a_check_shows_the_r
     assert f"{metadata['partitions_out_of_reach']} of {len(starts)} partitions" in (
         evaluation.description
     )
+
+    # A window the oplog no longer holds, and the open one: partitions whose runs end with
+    # Tidemark's message, not Dagster's unknown-partition error.
+    replay_only = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection={key.asset_key}
+    )
+    for partition, says in (
+        (partitions.partitions_def.get_first_partition_key(), "starts before the oplog's first"),
+        (partitions.partitions_def.get_last_partition_key(), "is not closed yet"),
+    ):
+        run = replay_only.execute_in_process(
+            instance=dg.DagsterInstance.ephemeral(), partition_key=partition, raise_on_error=False
+        )
+        (failure,) = [e for e in run.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        description = failure.step_failure_data.user_failure_data.description
+        assert says in description and "Traceback" not in description, description
 
 
 def _openable(table: Path, tmp_path: Path) -> Path:
