@@ -33,11 +33,13 @@ def progress_log(context: dg.AssetExecutionContext) -> ProgressCallback:
 
 
 def replay_partitions(
-    stream: StreamConfig, first_checkpoint: datetime | None = None
+    stream: StreamConfig, oplog_first: datetime | None = None
 ) -> dg.TimeWindowPartitionsDefinition:
-    """The configured windows from `replay.start`, or from the window holding the stream's
-    first checkpoint when that is later: nothing before it was ever this stream's (a stream
-    with a start time of its own began there, whenever it registered)."""
+    """The windows from the one holding the oplog's first entry as the stream's last drain saw
+    it (`oplog_first`, from the state store: a load reads no MongoDB), never before
+    `replay.start`, to the open one. Without a drain yet, from `replay.start`. A window the
+    oplog no longer holds by the time it runs, or the open one, is refused in its run with
+    Tidemark's message (`ReplayRefused`); the check `oplog_reach` says which can run."""
     minutes = stream.replay.cron.split()[0] != "0"
 
     def windows(start: datetime) -> dg.TimeWindowPartitionsDefinition:
@@ -46,20 +48,20 @@ def replay_partitions(
             start=start,
             fmt="%Y-%m-%d-%H:%M" if minutes else "%Y-%m-%d-%H:00",
             timezone="UTC",
+            # The open window is a partition too, so asking for it gets the reason it cannot
+            # run, not Dagster's unknown-partition error.
+            end_offset=1,
         )
 
     configured = windows(stream.replay.start)
-    if first_checkpoint is None:
+    if oplog_first is None or oplog_first <= stream.replay.start:
         return configured
-    if isinstance(stream.start, datetime):
-        first_checkpoint = min(first_checkpoint, stream.start)
-    key = configured.get_partition_key_for_timestamp(first_checkpoint.timestamp())
-    start = configured.start_time_for_partition_key(key)
-    return windows(start) if start > stream.replay.start else configured
+    key = configured.get_partition_key_for_timestamp(oplog_first.timestamp())
+    return windows(configured.start_time_for_partition_key(key))
 
 
 def stream_assets(
-    stream: StreamConfig, first_checkpoint: datetime | None = None
+    stream: StreamConfig, oplog_first: datetime | None = None
 ) -> list[dg.AssetsDefinition]:
     k = keys(stream)
     raw_zone = _raw_zone_asset(stream)
@@ -98,7 +100,7 @@ def stream_assets(
     with warnings.catch_warnings():
         # Single-run backfills (a partition range in one run) need backfill_policy, still beta.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        replay_window = _replay_asset(stream, k, raw_zone, first_checkpoint)
+        replay_window = _replay_asset(stream, k, raw_zone, oplog_first)
     return [raw_changes, replay_window]
 
 
@@ -117,11 +119,11 @@ def _replay_asset(
     stream: StreamConfig,
     k: dict[str, dg.AssetKey],
     raw_zone: dict[str, Any],
-    first_checkpoint: datetime | None,
+    oplog_first: datetime | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         key=k["replay"],
-        partitions_def=replay_partitions(stream, first_checkpoint),
+        partitions_def=replay_partitions(stream, oplog_first),
         backfill_policy=dg.BackfillPolicy.single_run(),
         **raw_zone,
     )

@@ -11,7 +11,7 @@ And one op of its own: `collections_listed` on `curated`, the collections the st
 that the loaded definitions do not (a reload of the code location gives them their assets).
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -19,7 +19,7 @@ from pymongo import MongoClient
 
 from jobs.catalog import fold_lag, schema_drift, table_names, tables
 from jobs.ops import source_count
-from orchestration.keys import TableName, keys, table_key, table_of
+from orchestration.keys import TableName, keys
 from orchestration.metadata import explained, schema_changes_md
 from orchestration.resources import StateStoreResource
 from state import StateStore
@@ -40,26 +40,24 @@ ABOUT = {
 }
 
 
-def table_check_specs(
-    stream: StreamConfig, current: Sequence[tuple[str, str]]
-) -> list[dg.AssetCheckSpec]:
-    """The checks of each collection's `current` table."""
-    specs = []
-    for db, coll in current:
-        key = table_key(stream.name, db, coll, "current")
-        specs += [dg.AssetCheckSpec(n, asset=key, description=a) for n, a in ABOUT.items()]
-    return specs
+def table_check_specs(current: Sequence[dg.AssetKey]) -> list[dg.AssetCheckSpec]:
+    """The checks of each collection's `current` table (by the keys its spec has)."""
+    return [
+        dg.AssetCheckSpec(n, asset=key, description=a) for key in current for n, a in ABOUT.items()
+    ]
 
 
 def table_check_results(
     selected: Sequence[dg.AssetCheckKey],
     stream: StreamConfig,
+    tables_by_key: Mapping[dg.AssetKey, TableName],
     store: StateStore,
     lake_root: LakePath,
     mongo: Callable[[], MongoClient],
 ) -> Iterator[dg.AssetCheckResult]:
-    """The `selected` checks' results, as the tables are now. MongoDB is reached (`mongo`) only
-    for a row count: the fold itself never needs it."""
+    """The `selected` checks' results, as the tables are now (`tables_by_key`: the table each
+    checked key stands for). MongoDB is reached (`mongo`) only for a row count: the fold
+    itself never needs it."""
     if not selected:
         return
     rows = {
@@ -75,7 +73,7 @@ def table_check_results(
     waited = lag.seconds(datetime.now(UTC))
     limits = stream.checks
     for check in selected:
-        db, coll, _ = table_of(check.asset_key, stream.name) or ("", "", "")
+        db, coll, _ = tables_by_key.get(check.asset_key, ("", "", ""))
         base = {"check_name": check.name, "asset_key": check.asset_key}
         if check.name == ROW_COUNT:
             yield _row_count(base, rows.get((db, coll), 0), f"{db}.{coll}", counted)

@@ -1,7 +1,8 @@
 """Where an operator sees a broken entry of the streams file in Dagster: the valid streams load
 as usual, and each broken one gets an asset of its own (`<key>/config`, its description the
 error), a check on it that fails with the one-paragraph message, and a sensor, on by default,
-that records that failure without a run and shows the message on every tick.
+that records that failure without a run and shows the message on every tick. A valid entry
+whose Dagster definitions fail to build (`StreamNotLoaded`) is reported the same way.
 
 A streams file that is unusable as a whole (not YAML, no `streams` list) is reported the same
 way under the key `streams_file`, so the code location loads with no traceback either way.
@@ -51,8 +52,8 @@ def config_error_definitions(
 
     @dg.asset_check(asset=spec.key, name=CHECK_NAME, blocking=False)
     def config_valid() -> dg.AssetCheckResult:
-        """The streams file's entry for this stream validates (it does not: fix the file and
-        reload the code location)."""
+        """The stream's entry validates and its definitions load (they do not: the message
+        says why and what to do, then reload the code location)."""
         evaluation = _evaluation(broken)
         return dg.AssetCheckResult(
             passed=False,
@@ -68,7 +69,7 @@ def config_error_definitions(
         name=sensor_name(broken),
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"{what} is broken in the streams file; this sensor says why.",
+        description=f"{what} is not loaded; this sensor says why.",
     )
     def config_error(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         events = [] if context.cursor == fingerprint else [_evaluation(broken)]

@@ -1,5 +1,6 @@
-"""What the state store says when the definitions load: each stream's first checkpoint (where
-its replay partitions start) and the collection tables its runs made (their assets).
+"""What the state store says when the definitions load: how far back the oplog reached when
+each stream last drained (where its replay partitions start) and the collection tables its
+runs made (their assets).
 
 The store is optional then: a SQLite file that does not exist yet is not created, and a store
 that cannot be read leaves the configuration alone (no extra tables, the configured
@@ -18,6 +19,7 @@ from orchestration.keys import TableName
 from state import StateStore
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
+from tidemark.tokens import ts_to_datetime
 
 T = TypeVar("T")
 
@@ -38,9 +40,13 @@ def _read_store(state_url: str, read: Callable[[StateStore], T], otherwise: T) -
         store.close()
 
 
-def first_checkpoints(state_url: str) -> dict[str, datetime]:
-    """Stream -> when it took its first checkpoint."""
-    return _read_store(state_url, lambda store: store.registered_at(), {})
+def oplog_reach(state_url: str) -> dict[str, datetime]:
+    """Stream -> the oplog's first entry as its last drain saw it."""
+    return _read_store(
+        state_url,
+        lambda store: {s: ts_to_datetime(ts) for s, ts in store.oplog_firsts().items()},
+        {},
+    )
 
 
 def known_tables(state_url: str, streams: Sequence[StreamConfig]) -> dict[str, list[TableName]]:

@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.definitions import build_definitions
-from orchestration.discovery import known_tables
+from orchestration.discovery import known_tables, oplog_reach
 from orchestration.keys import TableName, table_of
 from orchestration.resources import build_resources
 from orchestration.schedules import sync_job_name
@@ -33,7 +33,12 @@ def local_definitions(
         spark_master=spark_master,
         spark_remote=spark_remote,
     )
-    return build_definitions(config, resources, tables=known_tables(state_url, config.streams))
+    return build_definitions(
+        config,
+        resources,
+        tables=known_tables(state_url, config.streams),
+        oplog_reach=oplog_reach(state_url),
+    )
 
 
 def listed_tables(defs: dg.Definitions, stream: StreamConfig) -> set[TableName]:

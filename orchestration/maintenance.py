@@ -1,10 +1,10 @@
 """The lake's garbage collection from Dagster: the job `tidemark_gc` and its nightly schedule.
 
 The same work as `tidemark gc` (`jobs.ops.collect_garbage`): raw files no committed batch
-lists, and a VACUUM of each stream's Delta tables, each stream under its leases so no run of it
-is writing. The schedule is off by default, as VACUUM is in most lakehouses: a team turns it on
-in the UI. What each stream's sweep did is recorded as observations of its `raw_changes` and
-`curated` assets.
+lists, under the raw writers' leases, and a VACUUM of each stream's Delta tables, under its
+transform lease alone, so drains and replays go on while it runs. The schedule is off by
+default, as VACUUM is in most lakehouses: a team turns it on in the UI. What each stream's sweep
+did is recorded as observations of its `raw_changes` and `curated` assets.
 """
 
 import dagster as dg
@@ -42,25 +42,27 @@ def gc_job(streams: list[StreamConfig]) -> dg.JobDefinition:
                 lake.path, state.store(), config.min_age_seconds, spark=spark.session
             )
         for found in sweeps:
-            if found.result is None:
-                context.log.warning(f"{found.stream}: {found.note}")
-                continue
+            for note in (found.note, found.curated_note):
+                if note:
+                    context.log.warning(f"{found.stream}: {note}")
+            removed = len(found.result.removed) if found.result else 0
             context.log.info(
-                f"{found.stream}: {len(found.result.removed)} raw files removed, "
+                f"{found.stream}: {removed} raw files removed, "
                 f"{len(found.curated or [])} Delta files vacuumed"
             )
             stream = configured.get(found.stream)
             if stream is None:
                 continue  # in the lake, no longer in the streams file: no asset to observe
-            context.log_event(
-                dg.AssetObservation(
-                    asset_key=keys(stream)["raw_changes"],
-                    metadata={
-                        "gc_files_removed": len(found.result.removed),
-                        "gc_files_kept_young": len(found.result.kept_young),
-                    },
+            if found.result is not None:
+                context.log_event(
+                    dg.AssetObservation(
+                        asset_key=keys(stream)["raw_changes"],
+                        metadata={
+                            "gc_files_removed": removed,
+                            "gc_files_kept_young": len(found.result.kept_young),
+                        },
+                    )
                 )
-            )
             if found.curated is not None:
                 context.log_event(
                     dg.AssetObservation(

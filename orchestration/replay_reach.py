@@ -1,7 +1,6 @@
-"""Which replay windows can run: the partitions start at the stream's first checkpoint (read
-from the state store when the definitions load, `orchestration.discovery`), and a check on
-`replay` reports the oplog's first entry and how many partitions lie before it (those a run
-would refuse)."""
+"""Which replay windows can run: the partitions are every window from `replay.start` to the
+open one (`orchestration.assets.replay_partitions`), and a check on `replay` reports the
+oplog's first entry and how many partitions lie before it (those a run would refuse)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ so the Catalog lists it at once, and it becomes a full asset (graph, checks) whe
 location reloads (the `collections_listed` check says when one is due).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +21,7 @@ from jobs.curated_zone import DATABASE_EVENTS
 from jobs.transform import TransformResult, transform
 from orchestration.assets import progress_log
 from orchestration.collection_checks import table_check_results, table_check_specs
-from orchestration.keys import TableName, keys, pool, table_key
+from orchestration.keys import TableName, TableNames, keys, pool, table_names
 from orchestration.metadata import collection_metadata, curated_metadata, explained
 from orchestration.resources import (
     LakeResource,
@@ -95,18 +95,20 @@ def stream_tables(stream: StreamConfig, known: Sequence[TableName]) -> list[Tabl
     return sorted(names)
 
 
-def table_specs(stream: StreamConfig, known: Sequence[TableName]) -> list[dg.AssetSpec]:
+def table_specs(stream: StreamConfig, named: Mapping[TableName, TableNames]) -> list[dg.AssetSpec]:
+    """The tables' specs, each keyed by its Dagster name (`transform_asset` gives them their
+    real keys after Dagster has named their outputs from these)."""
     k = keys(stream)
     specs = []
-    for db, coll, kind in stream_tables(stream, known):
+    for (db, coll, kind), names in named.items():
         upstream = (
-            [table_key(stream.name, db, coll, "changes")]
+            [_by_name(named[(db, coll, "changes")])]
             if kind == "current"
             else [k["raw_changes"], k["replay"]]
         )
         specs.append(
             dg.AssetSpec(
-                table_key(stream.name, db, coll, kind),
+                _by_name(names),
                 deps=upstream,
                 group_name=stream.name,
                 kinds={"delta"},
@@ -125,6 +127,12 @@ def table_specs(stream: StreamConfig, known: Sequence[TableName]) -> list[dg.Ass
     return specs
 
 
+def _by_name(names: TableNames) -> dg.AssetKey:
+    """A key whose Python identifier (what Dagster names an output and its checks' outputs
+    after) is the table's Dagster name."""
+    return dg.AssetKey([names.name])
+
+
 def transform_asset(stream: StreamConfig, known: Sequence[TableName] = ()) -> dg.AssetsDefinition:
     k = keys(stream)
     curated_spec = dg.AssetSpec(
@@ -139,11 +147,14 @@ def transform_asset(stream: StreamConfig, known: Sequence[TableName] = ()) -> dg
         automation_condition=transform_condition(),
     )
 
-    current = [(db, coll) for db, coll, kind in stream_tables(stream, known) if kind == "current"]
+    named = {t: table_names(stream.name, *t) for t in stream_tables(stream, known)}
+    by_key = {names.key: table for table, names in named.items()}
 
     @dg.multi_asset(
-        specs=[curated_spec, *table_specs(stream, known)],
-        check_specs=table_check_specs(stream, current),
+        specs=[curated_spec, *table_specs(stream, named)],
+        check_specs=table_check_specs(
+            [_by_name(names) for (_, _, kind), names in named.items() if kind == "current"]
+        ),
         name=f"{stream.name}_transform",
         pool=pool(stream),
         can_subset=True,
@@ -165,12 +176,18 @@ def transform_asset(stream: StreamConfig, known: Sequence[TableName] = ()) -> dg
         yield from table_check_results(
             sorted(context.selected_asset_check_keys, key=lambda c: c.to_user_string()),
             stream,
+            by_key,
             store,
             lake.path,
             mongo.client,
         )
 
-    return spark_transform
+    # Dagster names outputs after their keys and allows only ^[A-Za-z0-9_]+$ there, while a
+    # key's parts may hold any text: the specs were keyed by the tables' names, and now get
+    # their real keys (outputs and checks keep the names they were given).
+    return spark_transform.with_attributes(
+        asset_key_replacements={_by_name(names): names.key for names in named.values()}
+    )
 
 
 def _fold(
@@ -209,6 +226,6 @@ def _changed_tables(
         db, coll = table.db or "", table.coll or ""
         if not db or (db, coll, table.table) not in changed:
             continue  # no database: the stream's own markers, no collection's table
-        key = table_key(stream.name, db, coll or DATABASE_EVENTS, table.table)
+        key = table_names(stream.name, db, coll or DATABASE_EVENTS, table.table).key
         reported.append((key, collection_metadata(table, drift.get((db, coll)))))
     return reported

@@ -17,6 +17,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from bson import Timestamp
 from sqlalchemy import Connection, insert, select, update
 
 from state import schema
@@ -25,6 +26,7 @@ from state.columns import (
     source_columns,
     source_value,
     token_value,
+    ts_column,
     ts_value,
 )
 from state.records import Checkpoint, NewPosition
@@ -198,6 +200,22 @@ def read_checkpoint(conn: Connection, stream: str) -> Checkpoint | None:
         updated_at=row.updated_at,
         source=source_value(row),
     )
+
+
+def record_oplog_first(conn: Connection, stream: str, first: Timestamp) -> None:
+    """Note the oplog's first entry as a run of `stream` saw it."""
+    streams = schema.streams
+    conn.execute(
+        update(streams).where(streams.c.name == stream).values(oplog_first=ts_column(first))
+    )
+
+
+def oplog_firsts(conn: Connection) -> dict[str, Timestamp]:
+    """Stream -> the oplog's first entry as its last drain saw it (streams that never saw one
+    are left out)."""
+    streams = schema.streams
+    rows = conn.execute(select(streams.c.name, streams.c.oplog_first))
+    return {name: ts for name, first in rows if (ts := ts_value(first)) is not None}
 
 
 def stream_names(conn: Connection) -> list[str]:

@@ -22,9 +22,10 @@ from sqlalchemy import (
     TypeDecorator,
 )
 
-SCHEMA_VERSION = 5  # 2: snapshots; 3: current as base + deltas, change log per run;
+SCHEMA_VERSION = 6  # 2: snapshots; 3: current as base + deltas, change log per run;
 # 4: the source deployment of a checkpoint (MIGRATIONS adds its columns to a version-3 store);
-# 5: Delta Lake tables per collection (their versions per run, and a run's intent)
+# 5: Delta Lake tables per collection (their versions per run, and a run's intent);
+# 6: the oplog's first entry as a stream's last drain saw it
 
 
 class UTCDateTime(TypeDecorator):
@@ -66,6 +67,9 @@ streams = Table(
     Column("definition", Text, nullable=False),  # JSON of StreamConfig.token_definition()
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The oplog's first entry when the stream last drained (where its replay windows can
+    # start, read when the Dagster definitions load); null where the oplog cannot be read.
+    Column("oplog_first", BigInteger),
 )
 
 checkpoints = Table(
@@ -222,4 +226,5 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE tidemark_checkpoints ADD COLUMN source_id VARCHAR(64)",
     ],
     4: [],  # version 5's tables are new: `create_all` adds them to a version-4 store
+    5: ["ALTER TABLE tidemark_streams ADD COLUMN oplog_first BIGINT"],
 }

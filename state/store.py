@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, select
+from bson import Timestamp
+from sqlalchemy import Connection
 
-from state import checkpoints, leases, manifest, schema, snapshots
+from state import checkpoints, leases, manifest, snapshots
 from state.engine import database_errors, install_or_check_schema, make_engine
 from state.leases import CAPTURE_LEASE_TTL, RESET_LEASE_TTL
 from state.records import (
@@ -143,15 +144,24 @@ class StateStore:
         with self.transaction("stream list") as conn:
             return checkpoints.stream_names(conn)
 
-    def registered_at(self) -> dict[str, datetime]:
-        """When each stream was registered, i.e. took its first checkpoint (issue 23, item 12).
+    def record_oplog_first(self, stream: str, first: Timestamp) -> None:
+        """Note the oplog's first entry as a run of `stream` saw it (the replay partitions
+        start there when the Dagster definitions load next).
 
         Raises:
             StateStoreError: the database failed.
         """
-        with self.transaction("stream registration times") as conn:
-            rows = conn.execute(select(schema.streams.c.name, schema.streams.c.created_at))
-            return {name: created for name, created in rows}
+        with self.transaction("oplog reach") as conn:
+            checkpoints.record_oplog_first(conn, stream, first)
+
+    def oplog_firsts(self) -> dict[str, Timestamp]:
+        """Stream -> the oplog's first entry as its last drain saw it.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        with self.transaction("oplog reach") as conn:
+            return checkpoints.oplog_firsts(conn)
 
     # -- leases --------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -274,6 +275,59 @@ def test_a_streams_file_that_is_not_yaml_is_reported_without_a_traceback(monkeyp
     assert "is not valid YAML at line" in evaluation.description
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("where", ["building", "resolving"])
+def test_a_stream_whose_definitions_fail_is_reported_and_the_others_load(
+    monkeypatch, tmp_path, where
+):
+    """Whatever fails in one stream's definitions (here a bug planted in them: an exception
+    while they are built, or a job Dagster cannot resolve), that stream is reported and the
+    others load and run."""
+    import dagster as dg
+
+    import orchestration.schedules
+    import orchestration.transform_assets
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        "streams:\n  - {name: good, database: shop, collection: orders}\n"
+        "  - {name: bad, database: shop, collection: items}\n"
+    )
+    if where == "building":
+        real = orchestration.transform_assets.transform_asset
+
+        def transform_asset(stream, *args):
+            if stream.name == "bad":
+                raise ZeroDivisionError("a bug in the bad stream's definitions")
+            return real(stream, *args)
+
+        monkeypatch.setattr(orchestration.transform_assets, "transform_asset", transform_asset)
+    else:
+        real_jobs = orchestration.schedules.stream_jobs
+
+        def stream_jobs(stream):
+            unknown = dg.define_asset_job(f"{stream.name}_lost", selection=["no", "such"])
+            return real_jobs(stream) + ([unknown] if stream.name == "bad" else [])
+
+        monkeypatch.setattr(orchestration.schedules, "stream_jobs", stream_jobs)
+    defs = _load_location(monkeypatch, config)
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {"good_drain", "good_sync", "good_replay", "good_resnapshot"} <= jobs
+    assert not any(name.startswith("bad_") for name in jobs)
+    evaluation = _check_outcome(
+        defs, dg.AssetCheckKey(dg.AssetKey(["bad", "config"]), "config_valid")
+    )
+    assert not evaluation.passed
+    assert evaluation.description.startswith("Stream 'bad' has no Dagster definitions")
+    assert evaluation.metadata["entry"].value == 1  # its place in the streams file
+    assert ("ZeroDivisionError: a bug" if where == "building" else "bad_lost") in (
+        evaluation.description
+    )
+    assert "Traceback" not in evaluation.description
+    sensor = defs.resolve_sensor_def("bad_config_error")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
 def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
     monkeypatch, tmp_path, mongod, capsys
 ):
@@ -293,11 +347,12 @@ def test_the_cli_works_for_the_valid_streams_and_refuses_the_broken_one(
     assert "Traceback" not in err
 
 
-def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_oplog_reach(
-    monkeypatch, tmp_path, mongod, client, db_name
+def test_replay_partitions_start_where_the_oplog_reached_and_a_check_shows_the_reach(
+    monkeypatch, tmp_path, mongod, client, raw_client, db_name
 ):
     import dagster as dg
 
+    from jobs.capture import drain
     from orchestration.definitions import build_definitions
     from orchestration.resources import build_resources
     from resources.mongo import oplog_window
@@ -308,22 +363,28 @@ def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_o
     config.write_text(f"streams:\n  - {{name: orders, database: {db_name}, collection: o}}\n")
     state_url = f"sqlite:///{tmp_path / 'state.db'}"
     monkeypatch.setenv("TIDEMARK_STATE_URL", state_url)
-    # No store yet: the configured start, and loading creates none.
+    # No store yet: from replay.start to the window still open, and loading creates none.
+    before = f"{datetime.now(UTC):%Y-%m-%d-%H}:00"
     defs = _load_location(monkeypatch, config)
     replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
     assert replay.partitions_def.get_first_partition_key() == "2026-01-01-00:00"
+    last = replay.partitions_def.get_last_partition_key()  # the open window
+    assert last in (before, f"{datetime.now(UTC):%Y-%m-%d-%H}:00")
     assert not (tmp_path / "state.db").exists()
 
+    # A drain notes the oplog's first entry: the next load starts at its window, before the
+    # stream's first checkpoint.
     parsed = TidemarkConfig.model_validate({"streams": [{"name": "orders", "database": db_name,
                                                          "collection": "o"}]})  # fmt: skip
     store = StateStore(state_url)
-    store.ensure_stream(parsed.streams[0])
-    registered = store.registered_at()["orders"]
-    store.close()
+    try:
+        drain(parsed.streams[0], raw_client, store, tmp_path / "lake")
+    finally:
+        store.close()
+    first = ts_to_datetime(oplog_window(client).first)
     defs = _load_location(monkeypatch, config)
     replay = defs.resolve_assets_def(dg.AssetKey(["orders", "replay"]))
-    # (The window of the first checkpoint is still open: its start, not a key, is checked.)
-    assert replay.partitions_def.start == registered.replace(minute=0, second=0, microsecond=0)
+    assert replay.partitions_def.start == first.replace(minute=0, second=0, microsecond=0)
 
     # The check on replay: the oplog's first entry and the partitions before it.
     resources = build_resources(
@@ -332,7 +393,6 @@ def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_o
     defs = build_definitions(parsed, resources)  # from the configured start: 2026-01-01
     key = dg.AssetCheckKey(dg.AssetKey(["orders", "replay"]), "oplog_reach")
     evaluation = _check_outcome(defs, key)
-    first = ts_to_datetime(oplog_window(client).first)
     partitions = build_definitions(parsed, resources).resolve_assets_def(key.asset_key)
     starts = [
         partitions.partitions_def.start_time_for_partition_key(k)
@@ -344,3 +404,118 @@ def test_replay_partitions_start_at_the_first_checkpoint_and_a_check_shows_the_o
     assert f"{metadata['partitions_out_of_reach']} of {len(starts)} partitions" in (
         evaluation.description
     )
+
+    # A window the oplog no longer holds, and the open one: partitions whose runs end with
+    # Tidemark's message, not Dagster's unknown-partition error.
+    replay_only = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection={key.asset_key}
+    )
+    for partition, says in (
+        (partitions.partitions_def.get_first_partition_key(), "starts before the oplog's first"),
+        (partitions.partitions_def.get_last_partition_key(), "is not closed yet"),
+    ):
+        run = replay_only.execute_in_process(
+            instance=dg.DagsterInstance.ephemeral(), partition_key=partition, raise_on_error=False
+        )
+        (failure,) = [e for e in run.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        description = failure.step_failure_data.user_failure_data.description
+        assert says in description and "Traceback" not in description, description
+
+
+def _openable(table: Path, tmp_path: Path) -> Path:
+    """Where delta-rs can open `table`: a copy when its path holds a percent-escape (a
+    non-ASCII collection name's segment), which delta-rs 1.6 decodes when it reads the log
+    ("File not found: .../заказы и ключи/current/_delta_log/...json"), through symlinks too.
+    The copy is the same files: a Delta table's log names them relative to its root."""
+    if "%" not in str(table):
+        return table
+    copy = tmp_path / "delta-rs" / str(abs(hash(table)))
+    shutil.copytree(table, copy)
+    return copy
+
+
+def _sync(env: dict[str, str], stream: str) -> None:
+    done = _dagster(
+        env, "job", "execute", "-m", "orchestration.definitions", "-j", f"{stream}_sync"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_database_stream_through_snapshot_drop_and_odd_names_runs_from_the_dagster_cli(
+    monkeypatch, tmp_path, mongod, client, raw_client, db_name
+):
+    """A database stream as a user runs it: it starts with a snapshot, its database is dropped,
+    collections come back under names Dagster's own names cannot hold (spaces, Cyrillic, two
+    that escape alike), and a window from before its first checkpoint is replayed. Every load
+    of the code location keeps loading, and every collection's `current`, read by delta-rs,
+    is what find() returns."""
+    import dagster as dg
+
+    from resources.mongo import oplog_window
+    from tests.helpers.delta_reading import current_tables, query
+    from tests.helpers.oracle import source_state
+    from tidemark.tokens import ts_to_datetime
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        f"streams:\n  - name: odd\n    database: {db_name}\n    start: snapshot\n"
+        "    max_await_time_ms: 300\n    replay: {cron: '* * * * *', start: 2026-01-01}\n"
+    )
+    env = _environment(tmp_path, mongod.uri, config)
+    db = client[db_name]
+
+    # Writes in a window the oplog holds and that closes before the stream's first checkpoint.
+    oplog_first = ts_to_datetime(oplog_window(client).first)
+    while datetime.now(UTC).replace(second=0, microsecond=0) <= oplog_first:
+        time.sleep(1)
+    window = datetime.now(UTC).replace(second=0, microsecond=0)
+    db["plain"].insert_many([{"_id": i, "n": i} for i in range(3)])
+    while datetime.now(UTC) < window + timedelta(minutes=1, seconds=1):
+        time.sleep(1)
+
+    _sync(env, "odd")  # the snapshot, then its fold: the stream has its `$database` table
+    client.drop_database(db_name)
+    odd_names = ("заказы и ключи", "a-b", "a.b")
+    for n, name in enumerate(odd_names):
+        db[name].insert_many([{"_id": k, "name": name, "k": k} for k in range(n + 1)])
+    # Each command below loads the code location with that table (main failed to from here).
+    replay = _dagster(
+        env, "asset", "materialize", "-m", "orchestration.definitions",
+        "--select", "odd/replay", "--partition", f"{window:%Y-%m-%d-%H:%M}",
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+    # A drain ends at the drop's invalidate (no Spark); the sync drains the new collections
+    # and folds all of it, the replayed window included.
+    drain = _dagster(env, "job", "execute", "-m", "orchestration.definitions", "-j", "odd_drain")
+    assert drain.returncode == 0, drain.stdout[-3000:] + drain.stderr[-3000:]
+    _sync(env, "odd")
+
+    store = StateStore(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        tables = current_tables(store, tmp_path / "lake", "odd")
+        for name in (*odd_names, "plain"):
+            got = query(
+                _openable(tables[(db_name, name)], tmp_path), "SELECT _tm_key, _tm_document FROM t"
+            )
+            want = source_state(raw_client, db_name, name)
+            assert {r["_tm_key"]: r["_tm_document"] for r in got} == want, name
+        # The replayed window's inserts are in `plain`'s change log; the drop keeps them out
+        # of its `current` (empty, as find() is).
+        changes = tables[(db_name, "plain")].parent / "changes"
+        replayed = query(changes, "SELECT operation_type FROM t WHERE source = 'replay'")
+        assert [r["operation_type"] for r in replayed] == ["insert"] * 3
+    finally:
+        store.close()
+
+    # Each table is an asset under its real names, the two that escape alike apart.
+    monkeypatch.setenv("TIDEMARK_STATE_URL", env["TIDEMARK_STATE_URL"])
+    graph = _load_location(monkeypatch, config).resolve_asset_graph()
+    found = {tuple(k.path) for k in graph.get_all_asset_keys()}
+    for name in (*odd_names, "plain"):
+        assert {("odd", db_name, f"{name}.{kind}") for kind in ("changes", "current")} <= found
+    assert ("odd", db_name, "$database.changes") in found
+    assert not any(
+        k.path[0] == "odd" and k.path[-1] == "config" for k in graph.get_all_asset_keys()
+    )
+    assert dg.AssetKey(["odd", db_name, "a-b.current"]) in graph.get_all_asset_keys()

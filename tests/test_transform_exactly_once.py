@@ -431,3 +431,31 @@ def test_turning_the_current_table_on_asks_for_a_resnapshot_which_rebuilds_it(
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     got = current_state(read_current(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders") and len(got) == 7
+
+
+def test_a_drain_gets_in_while_gc_vacuums_and_a_transform_waits(
+    spark, raw_client, client, sqlite_store, lake, make_stream, db_name
+):
+    """gc holds each lease only around the step that needs it: VACUUM keeps transforms out,
+    never drains. The drain runs at the moment VACUUM's step asks for its Spark session, so
+    inside it, whatever the timing."""
+    from tidemark.errors import LeaseHeld
+
+    stream = make_stream()
+    coll = client[db_name]["orders"]
+    drain(stream, raw_client, sqlite_store, lake)  # takes the starting position
+    coll.insert_many([{"_id": i} for i in range(3)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)  # curated tables: gc will VACUUM them
+    coll.insert_one({"_id": 3})
+    during_vacuum = []
+
+    def session_for_vacuum():
+        during_vacuum.append(drain(stream, raw_client, sqlite_store, lake).events)
+        with pytest.raises(LeaseHeld, match="being transformed"):
+            transform(spark, sqlite_store, lake, stream)
+        return spark
+
+    (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=session_for_vacuum)
+    assert swept.curated is not None and swept.result is not None  # both steps ran
+    assert during_vacuum == [1]  # the drain committed the insert while VACUUM held its lease

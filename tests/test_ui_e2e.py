@@ -56,8 +56,12 @@ def dagster_dev(tmp_path, mongod, db_name):
     config = tmp_path / "streams.yaml"
     # A yearly schedule: a tick of the default one (every 5 minutes) during the test would
     # launch a run of its own next to the test's.
+    # Beside it, a database stream that starts with a snapshot of a collection whose name
+    # Dagster's own names cannot hold: its first run makes its `$database` table too.
     config.write_text(
         f"streams:\n  - name: shop\n    database: {db_name}\n"
+        "    max_await_time_ms: 300\n    schedule: '0 0 1 1 *'\n"
+        f"  - name: odd\n    database: {db_name}_odd\n    start: snapshot\n"
         "    max_await_time_ms: 300\n    schedule: '0 0 1 1 *'\n"
     )
     port = free_port()
@@ -184,13 +188,13 @@ def test_the_ui_shows_each_collection_as_its_own_table(dagster_dev, tmp_path, cl
 
     launch = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
         __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
-    selector = {
-        "repositoryLocationName": entry["name"],
-        "repositoryName": "__repository__",
-        "jobName": "shop_sync",
-    }
 
-    def run_to_end() -> str:
+    def run_to_end(job: str = "shop_sync") -> str:
+        selector = {
+            "repositoryLocationName": entry["name"],
+            "repositoryName": "__repository__",
+            "jobName": job,
+        }
         reply = graphql(port, launch, {"p": {"selector": selector, "runConfigData": {}}})
         assert reply["launchRun"]["__typename"] == "LaunchRunSuccess", reply
         run_id = reply["launchRun"]["run"]["runId"]
@@ -207,6 +211,12 @@ def test_the_ui_shows_each_collection_as_its_own_table(dagster_dev, tmp_path, cl
         raise AssertionError("the run did not finish in 5 minutes")
 
     assert run_to_end() == "SUCCESS"  # the first run takes the starting position
+    odd_db, odd_coll = f"{db_name}_odd", "заказы и ключи"
+    client[odd_db][odd_coll].insert_many([{"_id": i, "k": i} for i in range(3)])
+    try:
+        assert run_to_end("odd_sync") == "SUCCESS"  # its snapshot, folded
+    finally:
+        client.drop_database(odd_db)
     run_shop_workload(client, db_name, orders=20, seed=3)
     source = {c: client[db_name][c].count_documents({}) for c in ("customers", "products")}
     assert run_to_end() == "SUCCESS"
@@ -246,6 +256,9 @@ def test_the_ui_shows_each_collection_as_its_own_table(dagster_dev, tmp_path, cl
         }
         for node in nodes
     }
+    # The odd stream's tables, under their real names, next to the shop's.
+    assert {f"odd/{odd_db}/{odd_coll}.current", f"odd/{odd_db}/$database.changes"} <= set(rows)
+    assert rows[f"odd/{odd_db}/{odd_coll}.current"]["dagster/row_count"] == 3
     tables = {p for p in rows if p.startswith(f"shop/{db_name}/")}
     assert tables == {
         f"shop/{db_name}/{coll}.{kind}"

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from tidemark.errors import ConfigError, UnknownStream, WebhookUrlUnset
+from tidemark.errors import ConfigError, TidemarkError, UnknownStream, WebhookUrlUnset
 from tidemark.field_exclusion import exclusion_stages, outermost, removed_by_stages
 from tidemark.pipeline_stages import fold_problem, stage_problem
 
@@ -509,7 +509,9 @@ class BrokenStream:
 
     key: str  # the entry's name when it is a usable, unique slug, else `stream_<index>`
     index: int  # its place in the file's `streams` list
-    error: ConfigError
+    # The entry's ConfigError; StreamNotLoaded for a valid entry whose Dagster definitions
+    # failed to build (`orchestration.definitions`).
+    error: TidemarkError
 
 
 @dataclass(frozen=True)

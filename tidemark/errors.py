@@ -204,6 +204,24 @@ class SchemaFrozen(TidemarkError):
     """A stream with `schema: freeze` met a field its table lacks or a type it does not hold."""
 
 
+# -- Dagster ------------------------------------------------------------------------------------
+
+
+class StreamNotLoaded(TidemarkError):
+    """A stream's Dagster definitions failed to build; the code location loads without it."""
+
+    @classmethod
+    def of(cls, stream: str, cause: BaseException) -> StreamNotLoaded:
+        first_line = (str(cause).strip().splitlines() or [""])[0].rstrip(".")
+        return cls(
+            f"Stream {stream!r} has no Dagster definitions: building them failed with "
+            f"{type(cause).__name__}: {first_line}. The other streams load and run as usual.",
+            "This is a bug of Tidemark's, not of the streams file: report it with this "
+            "message. Meanwhile `tidemark drain` and `tidemark transform` run the stream from "
+            "the command line; reload the code location once Tidemark is fixed.",
+        )
+
+
 # -- Processes Tidemark serves --------------------------------------------------------------------
 
 

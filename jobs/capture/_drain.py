@@ -33,7 +33,7 @@ from jobs.capture.snapshot import begin_snapshot, copy_chunks
 from jobs.capture.writer import FLUSH_ROWS, RawBatchWriter
 from jobs.lake import ensure_writable
 from jobs.progress import Meter, ProgressCallback
-from resources.mongo import cluster_time, source_identity, unverified_identity
+from resources.mongo import cluster_time, oplog_window, source_identity, unverified_identity
 from state import (
     FileEntry,
     Lease,
@@ -137,6 +137,11 @@ def drain(
         # either, or the running one would commit its token under the other's fingerprint.
         # A resnapshot may start on another deployment: its start records that one.
         store.ensure_stream(stream, source, new_source_ok=resnapshot)
+        # How far back replay windows can reach, for the Dagster definitions' next load
+        # (which reads the state store, never MongoDB).
+        window = oplog_window(client)
+        if window is not None:
+            store.record_oplog_first(stream.name, window.first)
         return _drain_under_lease(run, resnapshot)
     finally:
         # When the state store itself failed, its error is the one to show; the lease then

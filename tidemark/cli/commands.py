@@ -312,12 +312,11 @@ def _gc(runtime: Runtime, min_age: float) -> int:
     with lazy_spark(runtime) as (session, _):
         sweeps = collect_garbage(runtime.lake_root, runtime.store, min_age, spark=session)
     for sweep in sweeps:
-        if sweep.result is None:
-            rows.append([sweep.stream, "-", "-", "-", sweep.note])
-        else:
-            vacuumed = len(sweep.curated) if sweep.curated is not None else "-"
-            young = len(sweep.result.kept_young)
-            rows.append([sweep.stream, len(sweep.result.removed), vacuumed, young, "ok"])
+        removed = len(sweep.result.removed) if sweep.result is not None else "-"
+        young = len(sweep.result.kept_young) if sweep.result is not None else "-"
+        vacuumed = len(sweep.curated) if sweep.curated is not None else "-"
+        note = "; ".join(n for n in (sweep.note, sweep.curated_note) if n) or "ok"
+        rows.append([sweep.stream, removed, vacuumed, young, note])
     header = ["stream", "raw files removed", "Delta files vacuumed", "kept (younger)", "note"]
     print(format_table(header, rows) if rows else "The lake holds no raw files yet.")
     return 0
