@@ -13,7 +13,7 @@ A table has two forms, both made by `table_names` and nowhere else:
   Catalog and lineage show a collection as MongoDB calls it, spaces, Unicode and `$database`
   included; only a key too long for Dagster's storage (its `asset_keys` column is 512
   characters of JSON, escaped to `\\uXXXX`, on PostgreSQL and MySQL) has its collection part
-  cut short and marked with the hash below;
+  cut short and marked with `$` and the hash below (no collection name holds a `$`);
 - its **name**, for everything Dagster names with `^[A-Za-z0-9_]+$` (the transform step's
   output per table, and the output of each check of it, which Dagster builds from the name):
   `<stream>__<db>__<coll>_<kind>` when the database and collection are plain (letters and
@@ -45,8 +45,12 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9]")
 PART_LIMIT = 64
 # Dagster keeps each asset key's JSON text in a VARCHAR(512) on PostgreSQL and MySQL.
 KEY_LIMIT = 512
-# 40 bits: two tables of one stream that escape alike meet with odds of about 1 in 10^12.
-_HASH_CHARS = 10
+# 128 bits: names are chosen by whoever creates collections, so a short hash could be met on
+# purpose (a birthday search found two 40-bit matches among `c` + punctuation in seconds).
+_HASH_CHARS = 32
+# What marks a key cut short: MongoDB refuses `$` in a collection name (Tidemark's own
+# `$database` is never followed by a hash), so a cut key can never be a real collection's.
+_CUT_MARK = "$"
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def table_names(stream: str, db: str, coll: str, kind: str) -> TableNames:
     cut = coll
     while len(key.to_db_string()) > KEY_LIMIT:
         cut = cut[:-1]
-        key = dg.AssetKey([stream, db, f"{cut}~{digest}.{kind}"])
+        key = dg.AssetKey([stream, db, f"{cut}{_CUT_MARK}{digest}.{kind}"])
     return TableNames(key, name)
 
 

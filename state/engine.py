@@ -13,7 +13,12 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DatabaseError,
+    IntegrityError,
+    SQLAlchemyError,
+)
 
 from state import schema
 from tidemark.errors import StateStoreError
@@ -81,7 +86,9 @@ def database_errors(url: str, what: str) -> Iterator[None]:
     """
     try:
         yield
-    except OperationalError as exc:
+    except IntegrityError:
+        raise  # a conflict its caller decides about, not a failure
+    except DatabaseError as exc:  # OperationalError, and a file that is no database at all
         raise StateStoreError(
             f"The state store at {redact_url(url)} failed during {what}: "
             f"{str(exc.orig).strip().splitlines()[0] if exc.orig else exc}.",

@@ -22,7 +22,7 @@ from orchestration.discovery import known_tables
 from orchestration.keys import KEY_LIMIT, table_names
 from orchestration.resources import build_resources
 from state import CuratedTable, CurrentVersion, StateStore, TransformState
-from tidemark.config import TidemarkConfig
+from tidemark.config import TidemarkConfig, load_streams
 
 pytestmark = pytest.mark.fast
 
@@ -170,3 +170,40 @@ def test_plain_names_read_as_dagster_has_always_named_them(db, coll, plain):
     names = table_names("shop", db, coll, "current")
     assert (names.name == f"shop__{db}__{coll}_current") is plain
     assert names.key == dg.AssetKey(["shop", db, f"{coll}.current"])
+
+
+def test_names_chosen_to_meet_do_not():
+    """Regressions from the adversarial review: two collections a birthday search found to
+    share a 40-bit hash, and a collection named like another's cut key (the old `~` mark)."""
+    first, second = (table_names("odd", "d", c, "current") for c in ("c--.,~= )", "c-- ( --,"))
+    assert first.name != second.name
+    long = table_names("odd", "d", "😀" * 61, "changes").key
+    assert long.path[2].count("$") == 1  # cut, and marked with what no collection name holds
+    lookalike = long.path[2].removesuffix(".changes").replace("$", "~")
+    assert table_names("odd", "d", lookalike, "changes").key != long
+
+
+def test_broken_entries_get_keys_no_other_entry_has(tmp_path):
+    """A broken entry named like a stream's fallback key, one with no name, and a valid stream
+    named as the fallback once was: every key differs, and none is the valid stream's."""
+    config = tmp_path / "streams.yaml"
+    config.write_text(
+        "streams:\n"
+        "  - {name: stream_1, database: d, bogus: 1}\n"
+        "  - {database: d}\n"
+        "  - {name: stream_0, database: d}\n"
+        "  - {name: a_, database: d}\n"
+        "  - {name: tidemark_gc, database: d}\n"
+    )
+    streams_file = load_streams(config)
+    keys = [b.key for b in streams_file.broken]
+    assert [s.name for s in streams_file.streams] == ["stream_0"]
+    assert len(set(keys)) == len(keys) == 4 and "stream_0" not in keys, keys
+    messages = " ".join(str(b.error) for b in streams_file.broken)
+    assert "single '_' inside" in messages and "starts with 'tidemark'" in messages
+
+
+def test_a_state_store_that_is_no_database_loads_as_an_empty_one(tmp_path):
+    store = tmp_path / "state.db"
+    store.write_bytes(b"not a database" * 100)
+    assert known_tables(f"sqlite:///{store}", []) == {}

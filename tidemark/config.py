@@ -36,7 +36,13 @@ from tidemark.errors import ConfigError, TidemarkError, UnknownStream, WebhookUr
 from tidemark.field_exclusion import exclusion_stages, outermost, removed_by_stages
 from tidemark.pipeline_stages import fold_problem, stage_problem
 
-SLUG_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
+# A stream's name starts its Dagster names (`<name>_sync`, `<name>__replay`, ...): with no
+# `__` inside, no `_` at its end (the pattern) and not Tidemark's own prefix, no two streams'
+# names meet and none meets Tidemark's (`tidemark_gc_schedule`): `a`'s op `a__replay` was
+# `a_`'s job.
+SLUG_PATTERN = r"^[a-z](?:[a-z0-9]|_[a-z0-9])*$"
+SLUG_MAX = 63
+RESERVED_PREFIX = "tidemark"
 
 Scope = Literal["collection", "database", "cluster"]
 _DB_FORBIDDEN = '/\\. "$*<>:|?\x00'
@@ -107,7 +113,7 @@ class StreamConfig(BaseModel):
     # `schema` in the file, `schema_policy` in code (pydantic's own `schema` is taken).
     model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True)
 
-    name: Annotated[str, Field(pattern=SLUG_PATTERN)]
+    name: Annotated[str, Field(pattern=SLUG_PATTERN, max_length=SLUG_MAX)]
     database: Annotated[str, Field(min_length=1)] | None = None
     collection: Annotated[str, Field(min_length=1)] | None = None
     pipeline: list[dict[str, Any]] = Field(default_factory=list)
@@ -194,6 +200,16 @@ class StreamConfig(BaseModel):
                         f"it already: list {outer!r} alone"
                     )
         return paths
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value.startswith(RESERVED_PREFIX):
+            raise ValueError(
+                f"{value!r} starts with {RESERVED_PREFIX!r}, which Tidemark's own Dagster names "
+                "use (the job tidemark_gc): choose another stream name"
+            )
+        return value
 
     @field_validator("database")
     @classmethod
@@ -473,7 +489,8 @@ def _format_errors(errors: list[Any], raw: dict[str, Any]) -> str:
             message = "unknown key (check its spelling)"
         elif error["type"] == "string_pattern_mismatch" and loc and loc[-1] == "name":
             message = (
-                "stream names are slugs: lowercase letters, digits and '_', starting with a letter"
+                "stream names are slugs: lowercase letters, digits and single '_' inside, "
+                "starting with a letter, at most 63 characters, not starting with 'tidemark'"
             )
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
@@ -507,7 +524,7 @@ def _location(loc: list[Any], raw: dict[str, Any]) -> str:
 class BrokenStream:
     """An entry of the streams file that did not validate, with its one-paragraph message."""
 
-    key: str  # the entry's name when it is a usable, unique slug, else `stream_<index>`
+    key: str  # the entry's name when it is a usable slug no other entry has, else `Entry_<index>`
     index: int  # its place in the file's `streams` list
     # The entry's ConfigError; StreamNotLoaded for a valid entry whose Dagster definitions
     # failed to build (`orchestration.definitions`).
@@ -574,7 +591,7 @@ def load_streams(path: Path | str) -> StreamsFile:
                 "names must be unique"
             )
         error = ConfigError(f"The streams config {path} is invalid: {problem}.", _FIX_HINT)
-        broken.append(BrokenStream(_broken_key(entry, index, streams, broken), index, error))
+        broken.append(BrokenStream(_broken_key(entry, index, entries, broken), index, error))
     # Only the streams had errors (any other key's raised above): this section validated.
     notifications = raw.get("notifications")
     return StreamsFile(
@@ -585,11 +602,13 @@ def load_streams(path: Path | str) -> StreamsFile:
     )
 
 
-def _broken_key(
-    entry: Any, index: int, streams: list[StreamConfig], broken: list[BrokenStream]
-) -> str:
+def _broken_key(entry: Any, index: int, entries: list[Any], broken: list[BrokenStream]) -> str:
+    """The entry's name when no other entry of the file (valid or not) has it, else
+    `Entry_<index>`: its capital letter makes it no stream's name, so it meets none."""
     name = entry.get("name") if isinstance(entry, dict) else None
-    taken = {s.name for s in streams} | {b.key for b in broken}
-    if isinstance(name, str) and re.fullmatch(SLUG_PATTERN, name) and name not in taken:
+    others = [e.get("name") for i, e in enumerate(entries) if i != index and isinstance(e, dict)]
+    taken = set(others) | {b.key for b in broken}
+    usable = isinstance(name, str) and re.fullmatch(SLUG_PATTERN, name) and len(name) <= SLUG_MAX
+    if usable and not name.startswith(RESERVED_PREFIX) and name not in taken:
         return name
-    return f"stream_{index}"
+    return f"Entry_{index}"
