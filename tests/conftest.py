@@ -296,6 +296,17 @@ def spark():
     stop_if_created(session, created)
 
 
+@pytest.fixture(autouse=True)
+def _the_process_session_first(request: pytest.FixtureRequest) -> None:
+    """Every test that may reach Spark finds the worker's session running. Code run in
+    process (the CLI, a Dagster run) that finds none makes its own and stops it at its end;
+    a session made after that in the same process failed (py4j: `org.apache.spark.sql.
+    functions does not exist in the JVM`), which under xdist's order broke every later
+    Spark test of that worker."""
+    if request.node.get_closest_marker("fast") is None:
+        request.getfixturevalue("spark")
+
+
 @pytest.fixture
 def tiny_mongod(tmp_path: Path) -> Iterator[Mongod]:
     """A replica set of the test's own with a 1 MB oplog, for history lost on purpose
