@@ -43,7 +43,7 @@ test: check-java install browser postgres
 
 # The fast tier: the tests marked `fast`, which need no mongod and no Spark (seconds, not minutes).
 test-fast: install
-	$(BIN)/pytest -m fast
+	$(BIN)/pytest -m fast -n 2
 
 # The torture harness for as long as you like: make soak [SEED=N] [MINUTES=M] (prints a table).
 soak: check-java install
