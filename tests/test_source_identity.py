@@ -130,6 +130,9 @@ def _downgrade_to_version_3(url: str) -> None:
     with engine.begin() as conn:
         for column in ("source_kind", "source_set", "source_id"):
             conn.execute(text(f"ALTER TABLE tidemark_checkpoints DROP COLUMN {column}"))
+        # Version 6's column too (the oplog's reach at the last drain): a version-3 store
+        # has neither, and its migration adds both.
+        conn.execute(text("ALTER TABLE tidemark_streams DROP COLUMN oplog_first"))
         conn.execute(text("DELETE FROM tidemark_schema_version"))
         conn.execute(text("INSERT INTO tidemark_schema_version VALUES (3, CURRENT_TIMESTAMP)"))
     engine.dispose()
