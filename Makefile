@@ -34,13 +34,11 @@ endif
 demo: check-java install $(DEMO_SERVERS)
 	$(BIN)/tidemark demo
 
-# One process for now: under two pytest-xdist workers (`-n 2 --dist loadgroup`, the
-# own_servers tests grouped on one, tests/conftest.py) the torture's Spark session broke
-# (py4j: SparkSession does not exist in the JVM) and it timed out; to be fixed before CI uses
-# them. The run ends with the slowest tests and a table of where the time went
+# Two pytest-xdist workers, the own_servers tests grouped on one (tests/conftest.py). The run
+# ends with the slowest tests and a table of where the time went
 # (tests/helpers/suite_time.py).
 test: check-java install browser postgres
-	$(BIN)/pytest --durations=15
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=15
 
 # The fast tier: the tests marked `fast`, which need no mongod and no Spark (seconds, not minutes).
 test-fast: install

@@ -124,9 +124,6 @@ def _typed_columns_are_the_document(frame, schema_json: str) -> None:
     assert not diff, f"typed columns differ from the document: {diff[:3]}"
 
 
-# Minutes of Spark folds and VACUUMs on the shared session: beside the other xdist worker
-# one took ~600 s on a loaded machine, so it gets twice the suite's default timeout.
-@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("keep", [2, 50])
 def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and_drop(
     keep, spark, client, raw_client, sqlite_store, lake, make_stream, db_name
@@ -260,7 +257,6 @@ def _die() -> None:
     raise _Die
 
 
-@pytest.mark.timeout(1200)  # as above
 def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event_once(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
