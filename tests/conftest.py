@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings as hypothesis_settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.configuration import set_hypothesis_home_dir
 from pymongo import MongoClient
 from sqlalchemy import create_engine, text
 
@@ -51,13 +50,10 @@ os.environ.pop("TIDEMARK_SPARK_REMOTE", None)
 # compiler alone saves ~40 % of such a JVM's CPU (README, TIDEMARK_SPARK_JAVA_OPTIONS); child
 # processes inherit it. The session's own JVM keeps the defaults (the `spark` fixture).
 os.environ.setdefault("TIDEMARK_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
-# Hypothesis keeps the examples it found under the system's temporary directory, not in the
-# checkout: no test writes into the repository (.ci/run checks it).
-hypothesis_settings.register_profile(
-    "tidemark",
-    database=DirectoryBasedExampleDatabase(Path(tempfile.gettempdir()) / "tidemark-hypothesis"),
-)
-hypothesis_settings.load_profile("tidemark")
+# Hypothesis keeps what it stores (the examples it found, its caches of constants and Unicode
+# tables) under the system's temporary directory, not in the checkout's .hypothesis: no test
+# writes into the repository (.ci/run checks it).
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tidemark-hypothesis")
 # The test S3 server's identity (any pair: it is the server's only one).
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "tidemark-test",
