@@ -1,0 +1,101 @@
+"""The numeric type rule (jobs.transform.number_columns): a column widens only along Delta's
+type-widening paths, never drops a number it held, and holds a number only exactly."""
+
+from __future__ import annotations
+
+from decimal import Context, Decimal
+
+import pytest
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql.types import DecimalType, DoubleType, IntegerType, LongType
+
+from jobs.transform.number_columns import delta_widens, exact, held, number_type, widened
+
+pytestmark = pytest.mark.fast
+
+int32s = st.integers(-(2**31), 2**31 - 1)
+int64s = st.integers(-(2**63), 2**63 - 1).map(Int64)
+doubles = st.floats(allow_nan=True, allow_infinity=True)
+decimals = (
+    st.decimals(allow_nan=False, allow_infinity=False, places=None)
+    .filter(lambda d: len(d.as_tuple().digits) <= 34 and -6143 <= d.as_tuple().exponent <= 6111)
+    .map(lambda d: Decimal128(d))
+)
+special_decimals = st.sampled_from(["NaN", "Infinity", "-Infinity", "1E+40", "1E-40"]).map(
+    Decimal128
+)
+numbers = st.one_of(int32s, int64s, doubles, decimals, special_decimals)
+
+
+def spark_value(column, value) -> Decimal:
+    """What the column would store for `value`, read back as an exact number."""
+    number = exact(value)
+    if isinstance(column, IntegerType | LongType):
+        return Decimal(int(number))
+    if isinstance(column, DoubleType):
+        return Decimal(float(number))
+    assert isinstance(column, DecimalType)
+    return number.quantize(Decimal(1).scaleb(-column.scale), context=Context(prec=40))
+
+
+def same(a: Decimal, b: Decimal) -> bool:
+    return (a.is_nan() and b.is_nan()) or a == b
+
+
+@given(numbers)
+def test_a_number_is_held_by_its_own_type(value):
+    own = number_type(value)
+    assert own is None or held(own, value)
+
+
+@given(numbers, numbers)
+def test_a_column_widens_only_along_deltas_paths_and_keeps_what_it_held(first, second):
+    column = number_type(first)
+    after = widened(column, number_type(second))
+    if column is None:
+        return
+    assert delta_widens(column, after), (column, after)
+    assert held(after, first), (after, first)
+
+
+@given(numbers, numbers)
+def test_a_number_in_a_column_reads_back_exactly(first, second):
+    column = widened(number_type(first), number_type(second))
+    for value in (first, second):
+        if column is not None and held(column, value):
+            assert same(spark_value(column, value), exact(value)), (column, value)
+
+
+@pytest.mark.parametrize(
+    ("values", "column"),
+    [
+        ([1, Int64(2**40)], LongType()),
+        ([1, 2.5], DoubleType()),
+        ([Decimal128("1.25"), 7], DecimalType(12, 2)),
+        ([Decimal128("1.25"), Decimal128("123.5")], DecimalType(5, 2)),
+        ([Int64(5), 2.5], LongType()),  # Delta has no long -> double: 2.5 goes to the residual
+    ],
+)
+def test_mixed_numbers_end_in_one_column(values, column):
+    result = None
+    for value in values:
+        result = widened(result, number_type(value))
+    assert result == column
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        (LongType(), 2.5),
+        (DoubleType(), Int64(2**53 + 1)),
+        (DecimalType(12, 2), 0.1),  # the double 0.1 has 55 digits
+        (DecimalType(12, 2), Decimal128("1.255")),
+        (LongType(), -0.0),  # its sign lives only in a double
+        (DoubleType(), Decimal128("0.1")),
+    ],
+)
+def test_a_number_a_column_cannot_hold_exactly_is_not_held(column, value):
+    assert not held(column, value)
