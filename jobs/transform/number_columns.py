@@ -1,12 +1,11 @@
 """Which column type holds a field's numbers, and which numbers it holds exactly (issue 38).
 
 A collection mixes int32, int64, double and Decimal128 in one field as drivers write them. Its
-column starts at the first number's type and widens only along Delta's own type-widening
-paths (Delta 4.x: int to long, double or decimal; decimal to a decimal of more digits), which
-change a column's type without rewriting a file. A number the column cannot hold exactly (a
-fraction in a long column, an int64 past 2**53 in a double column, a decimal with more digits
-than 38) is never rounded into it: the fold writes null there and the value to the row's
-residual. Pure: no Spark session, only Spark's type objects.
+column's type is chosen wide when the field first appears (`column_for`) and never changes
+afterwards, so no reader meets Delta's `typeWidening` feature and no file is rewritten. A
+number the column cannot hold exactly (a fraction in a long column, an int64 past 2**53 in a
+double column, a decimal with more digits than 38) is never rounded into it: the fold writes
+null there and the value to the row's residual. Pure: no Spark session, only Spark's type objects.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from bson.int64 import Int64
 from pyspark.sql.types import DataType, DecimalType, DoubleType, IntegerType, LongType
 
 MAX_DIGITS = 38  # Spark's and Delta's widest decimal
-INT_DIGITS = {IntegerType(): 10, LongType(): 19}  # the digits Delta's int -> decimal keeps
 INT_RANGE = {IntegerType(): (-(2**31), 2**31 - 1), LongType(): (-(2**63), 2**63 - 1)}
 
 Number = int | Int64 | float | Decimal128
@@ -87,43 +85,24 @@ def _decimal_holds(column: DecimalType, needed: DecimalType) -> bool:
     return needed.scale <= column.scale and needed.precision - needed.scale <= integer_digits
 
 
-def widened(column: DataType | None, incoming: DataType | None) -> DataType | None:
-    """The column's type once a number of type `incoming` reached it: widened along one of
-    Delta's paths when one holds both, else unchanged (the number goes to the residual)."""
-    if column is None:
-        return incoming
-    if incoming is None or column == incoming:
-        return column
-    if isinstance(column, IntegerType) and isinstance(incoming, LongType | DoubleType):
-        return incoming
-    if isinstance(column, IntegerType | LongType) and isinstance(incoming, DecimalType):
-        return _joined(DecimalType(INT_DIGITS[column], 0), incoming) or column
-    if isinstance(column, DecimalType) and isinstance(incoming, IntegerType | LongType):
-        return _joined(column, DecimalType(INT_DIGITS[incoming], 0)) or column
-    if isinstance(column, DecimalType) and isinstance(incoming, DecimalType):
-        return _joined(column, incoming) or column
-    return column  # long + double, double + anything else, decimal + double: no path
+def column_for(values: list[Number]) -> DataType | None:
+    """The column type a new field gets from the numbers of its first run, wide from the
+    start so that no later run has to change it: integers of either width a long, any double
+    among them a double, decimals (with or without integers) a decimal of 38 digits at their
+    largest scale. None when no value has a column type (only residual decimals).
 
-
-def _joined(a: DecimalType, b: DecimalType) -> DecimalType | None:
-    scale = max(a.scale, b.scale)
-    integer_digits = max(a.precision - a.scale, b.precision - b.scale)
-    if integer_digits + scale > MAX_DIGITS:
+    Not Delta's type widening: measured here (issue 38's note), a table with the
+    `typeWidening` reader feature is refused by delta-rs 1.6 (to_pyarrow_table and its SQL)
+    and Polars 2.1; only Spark and DuckDB read it. A number a column cannot hold goes to the
+    residual instead.
+    """
+    kinds = [number_type(v) for v in values]
+    typed = [k for k in kinds if k is not None]
+    if not typed:
         return None
-    return DecimalType(integer_digits + scale, scale)
-
-
-# Delta 4.x's type widening (docs.delta.io, "Delta type widening"), for the tests and the ALTER
-# the fold issues: int -> long, double, decimal(>= 10 integer digits); long -> decimal(>= 20);
-# decimal(p, s) -> decimal(p + k1, s + k2) with k1 >= k2 >= 0.
-def delta_widens(old: DataType, new: DataType) -> bool:
-    if old == new:
-        return True
-    if isinstance(old, IntegerType) and isinstance(new, LongType | DoubleType):
-        return True
-    if isinstance(old, IntegerType | LongType) and isinstance(new, DecimalType):
-        return new.precision - new.scale >= INT_DIGITS[old]
-    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
-        k1, k2 = new.precision - old.precision, new.scale - old.scale
-        return k1 >= k2 >= 0
-    return False
+    if any(isinstance(k, DoubleType) for k in typed):
+        return DoubleType()
+    scales = [k.scale for k in typed if isinstance(k, DecimalType)]
+    if scales:
+        return DecimalType(MAX_DIGITS, max(scales))
+    return LongType()
