@@ -80,6 +80,16 @@ def held(column: DataType, value: Number) -> bool:
     return False
 
 
+def stored(column: DataType, value: Number) -> int | float | Decimal:
+    """What a column of this type stores for `value` (the value itself when `held`)."""
+    number = exact(value)
+    if isinstance(column, IntegerType | LongType):
+        return int(number)
+    if isinstance(column, DecimalType):
+        return number.quantize(Decimal(1).scaleb(-column.scale), context=_EXACT)
+    return float(number)
+
+
 def _decimal_holds(column: DecimalType, needed: DecimalType) -> bool:
     integer_digits = column.precision - column.scale
     return needed.scale <= column.scale and needed.precision - needed.scale <= integer_digits

@@ -1,0 +1,209 @@
+"""Which column a document's value goes to, and what goes to the residual (issue 38).
+
+One rule for `current`'s typed columns, pure (Spark's type objects, no session):
+
+- a field gets its column the first time a run meets it (`schema_for`), typed from that run's
+  values; a column's type never changes afterwards (no rewrite, and no Delta `typeWidening`,
+  which delta-rs and Polars refuse to read: `number_columns`);
+- a value goes to its column when the column's type holds it exactly (`place`); else the
+  column holds null and the value goes to the row's residual: canonical Extended JSON of a
+  document with just the misfit fields at their paths, null when everything fits;
+- booleans, strings, numbers (`number_columns`), dates within years 1-9999 (timestamps),
+  binaries of subtype 0, sub-documents (structs) and arrays (of one element type) have
+  columns; an ObjectId a string column marked in its metadata, so that an ObjectId and a
+  string never share a column; every other BSON type (regex, BSON timestamps, MinKey, MaxKey,
+  code, UUIDs and other binary subtypes) always goes to the residual;
+- a field named like Tidemark's own columns (`OWN_PREFIX`), or differing only in case from an
+  earlier field of the same document level, has no column: its value goes to the residual.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import bson
+import bsonjs
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from jobs.curated_zone import OWN_PREFIX
+from jobs.transform.number_columns import column_for, held, stored
+
+BSON_KIND = "tidemark.bson"  # a column's metadata key: the BSON type a string column holds
+OBJECT_ID = "objectId"
+FIRST_INSTANT = datetime(1, 1, 1, tzinfo=UTC)
+LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+NUMBERS = (int, Int64, float, Decimal128)
+MISSING = object()  # a field a document does not have
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, NUMBERS) and not isinstance(value, bool)
+
+
+def _kind_of(values: list[Any]) -> DataType | None:
+    """The column type for a field first met with these values (None: no column yet, as for a
+    field only ever null, or whose values have no column type)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    first = present[0]
+    if isinstance(first, bool):
+        return BooleanType()
+    if _is_number(first):
+        return column_for([v for v in present if _is_number(v)])
+    if isinstance(first, ObjectId):
+        return StringType()  # marked by `_field`
+    if type(first) is str:  # not Code, a str of its own
+        return StringType()
+    if isinstance(first, datetime):
+        return TimestampType()
+    if type(first) is bytes:  # subtype 0; a UUID or other subtype is a Binary
+        return BinaryType()
+    if isinstance(first, dict):
+        return schema_for(StructType([]), [v for v in present if isinstance(v, dict)])
+    if isinstance(first, list):
+        element = _kind_of([item for v in present if isinstance(v, list) for item in v])
+        return ArrayType(element if element is not None else StringType(), True)
+    return None
+
+
+def _field(name: str, values: list[Any]) -> StructField | None:
+    dtype = _kind_of(values)
+    if dtype is None:
+        return None
+    # An ObjectId column, or an array (of arrays) of ObjectIds, is marked: the elements'
+    # marker lives on the array's field, as they have no field of their own.
+    metadata = {BSON_KIND: OBJECT_ID} if isinstance(_first_scalar(values), ObjectId) else {}
+    return StructField(name, dtype, True, metadata)
+
+
+def _first_scalar(values: list[Any]) -> Any:
+    for value in values:
+        if isinstance(value, list):
+            found = _first_scalar(value)
+            if found is not None:
+                return found
+        elif value is not None:
+            return value
+    return None
+
+
+def _names(document: dict[str, Any]) -> list[str]:
+    """The fields of one document level that may have columns (see the module docstring)."""
+    taken: set[str] = set()
+    names = []
+    for name in document:
+        if name.lower() in taken:
+            continue
+        taken.add(name.lower())
+        if not name.lower().startswith(OWN_PREFIX):
+            names.append(name)
+    return names
+
+
+def schema_for(existing: StructType, documents: list[dict[str, Any]]) -> StructType:
+    """`existing` with a column for each field the documents bring that it lacks (inside
+    sub-documents too); no existing column changes its type."""
+    fields = {f.name: f for f in existing.fields}
+    order = [f.name for f in existing.fields]
+    met: dict[str, list[Any]] = {}
+    for document in documents:
+        for name in _names(document):
+            met.setdefault(name, []).append(document[name])
+    for name, values in met.items():
+        old = fields.get(name)
+        if old is None:
+            new = _field(name, values)
+            if new is not None:
+                fields[name] = new
+                order.append(name)
+        elif isinstance(old.dataType, StructType):
+            inner = [v for v in values if isinstance(v, dict)]
+            fields[name] = StructField(name, schema_for(old.dataType, inner), True, old.metadata)
+    return StructType([fields[name] for name in order])
+
+
+def _fits(field: StructField, value: Any) -> bool:
+    dtype = field.dataType
+    if value is None:
+        return True
+    if isinstance(dtype, BooleanType):
+        return isinstance(value, bool)
+    if isinstance(dtype, StringType):
+        oid = field.metadata.get(BSON_KIND) == OBJECT_ID
+        return isinstance(value, ObjectId) if oid else type(value) is str
+    if isinstance(dtype, TimestampType):
+        return isinstance(value, datetime) and FIRST_INSTANT <= value <= LAST_INSTANT
+    if isinstance(dtype, BinaryType):
+        return type(value) is bytes
+    if isinstance(dtype, ArrayType):
+        element = StructField("element", dtype.elementType, True, field.metadata)
+        return isinstance(value, list) and all(_fits_whole(element, item) for item in value)
+    if isinstance(dtype, StructType):
+        return isinstance(value, dict)
+    return _is_number(value) and held(dtype, value)
+
+
+def _fits_whole(field: StructField, value: Any) -> bool:
+    """Whether the value fits with nothing left for the residual (an array's element: the
+    residual keeps a misfit array whole)."""
+    if not _fits(field, value):
+        return False
+    if isinstance(field.dataType, StructType) and isinstance(value, dict):
+        _, rest = place(value, field.dataType)
+        return not rest
+    return True
+
+
+def _typed(field: StructField, value: Any) -> Any:
+    if isinstance(value, ObjectId):
+        return str(value)
+    if _is_number(value):
+        return stored(field.dataType, value)
+    if isinstance(value, list):
+        element = StructField("element", field.dataType.elementType, True, field.metadata)
+        return [_typed(element, item) for item in value]
+    if isinstance(value, dict) and isinstance(field.dataType, StructType):
+        return place(value, field.dataType)[0]
+    return value
+
+
+def place(document: dict[str, Any], schema: StructType) -> tuple[dict[str, Any], dict]:
+    """The document's typed values by column name (null where it has no value or the value
+    does not fit), and its residual: the fields, at their paths, that no column holds."""
+    row: dict[str, Any] = {}
+    residual: dict[str, Any] = {}
+    columns = {f.name: f for f in schema.fields}
+    for name, value in document.items():
+        field = columns.get(name)
+        if field is None or name not in _names(document) or not _fits(field, value):
+            residual[name] = value
+            continue
+        if isinstance(field.dataType, StructType) and isinstance(value, dict):
+            inner, rest = place(value, field.dataType)
+            row[name] = inner
+            if rest:
+                residual[name] = rest
+        else:
+            row[name] = _typed(field, value)
+    return row, residual
+
+
+def residual_json(residual: dict[str, Any]) -> str | None:
+    """The residual as canonical Extended JSON, or None when everything fit."""
+    if not residual:
+        return None
+    return bsonjs.dumps(bson.encode(residual), mode=bsonjs.CANONICAL)
