@@ -24,7 +24,15 @@ from hypothesis import strategies as st
 from pyspark.sql.types import ArrayType, StructField, StructType
 
 from jobs.transform.number_columns import exact
-from jobs.transform.type_rule import BSON_KIND, OBJECT_ID, place, residual_json, schema_for
+from jobs.transform.type_rule import (
+    BSON_KIND,
+    OBJECT_ID,
+    arrow_type,
+    place,
+    residual_json,
+    schema_for,
+    typed_rows,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -178,3 +186,14 @@ def test_what_fits_is_typed_with_nothing_left_over():
         "at": when,
         "o": {"p": [1.5, 2.0]},
     }
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(documents, min_size=1, max_size=5))
+def test_the_typed_rows_are_an_arrow_array_of_the_schema_with_the_same_values(batch):
+    schema = schema_for(StructType([]), batch)
+    rows, residuals = typed_rows(batch, schema)
+    assert rows.type == arrow_type(schema) and len(rows) == len(residuals) == len(batch)
+    for document, row, text in zip(batch, rows.to_pylist(), residuals.to_pylist(), strict=True):
+        residual = bson.decode(bsonjs.loads(text), CODEC) if text is not None else {}
+        assert norm(rebuild(row, residual, schema)) == norm(document)

@@ -24,6 +24,7 @@ from typing import Any
 
 import bson
 import bsonjs
+import pyarrow as pa
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
@@ -32,6 +33,9 @@ from pyspark.sql.types import (
     BinaryType,
     BooleanType,
     DataType,
+    DecimalType,
+    DoubleType,
+    LongType,
     StringType,
     StructField,
     StructType,
@@ -46,6 +50,14 @@ OBJECT_ID = "objectId"
 FIRST_INSTANT = datetime(1, 1, 1, tzinfo=UTC)
 LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 NUMBERS = (int, Int64, float, Decimal128)
+_ARROW = {
+    BooleanType: pa.bool_(),
+    LongType: pa.int64(),
+    DoubleType: pa.float64(),
+    StringType: pa.string(),
+    BinaryType: pa.binary(),
+    TimestampType: pa.timestamp("us", tz="UTC"),
+}
 MISSING = object()  # a field a document does not have
 
 
@@ -207,3 +219,23 @@ def residual_json(residual: dict[str, Any]) -> str | None:
     if not residual:
         return None
     return bsonjs.dumps(bson.encode(residual), mode=bsonjs.CANONICAL)
+
+
+def arrow_type(dtype: DataType) -> pa.DataType:
+    """The Arrow type Spark reads as `dtype` (an Arrow UDF's output, a Parquet column)."""
+    if isinstance(dtype, StructType):
+        return pa.struct([pa.field(f.name, arrow_type(f.dataType)) for f in dtype.fields])
+    if isinstance(dtype, ArrayType):
+        return pa.list_(arrow_type(dtype.elementType))
+    if isinstance(dtype, DecimalType):
+        return pa.decimal128(dtype.precision, dtype.scale)
+    return _ARROW[type(dtype)]
+
+
+def typed_rows(documents: list[dict[str, Any]], schema: StructType) -> tuple[pa.Array, pa.Array]:
+    """Each document placed (`place`): its typed values as one Arrow struct array of
+    `schema`, and its residual as canonical Extended JSON (null where everything fit)."""
+    placed = [place(document, schema) for document in documents]
+    rows = pa.array([row for row, _ in placed], arrow_type(schema))
+    residuals = pa.array([residual_json(rest) for _, rest in placed], pa.string())
+    return rows, residuals
