@@ -85,7 +85,8 @@ def _kind_of(values: list[Any]) -> DataType | None:
     if type(first) is bytes:  # subtype 0; a UUID or other subtype is a Binary
         return BinaryType()
     if isinstance(first, dict):
-        return schema_for(StructType([]), [v for v in present if isinstance(v, dict)])
+        inner = schema_for(StructType([]), [v for v in present if isinstance(v, dict)])
+        return inner if inner.fields else None  # Parquet has no empty struct: no column yet
     if isinstance(first, list):
         element = _kind_of([item for v in present if isinstance(v, list) for item in v])
         return ArrayType(element if element is not None else StringType(), True)
@@ -199,9 +200,10 @@ def place(document: dict[str, Any], schema: StructType) -> tuple[dict[str, Any],
     row: dict[str, Any] = {}
     residual: dict[str, Any] = {}
     columns = {f.name: f for f in schema.fields}
+    named = set(_names(document))
     for name, value in document.items():
         field = columns.get(name)
-        if field is None or name not in _names(document) or not _fits(field, value):
+        if field is None or name not in named or not _fits(field, value):
             residual[name] = value
             continue
         if isinstance(field.dataType, StructType) and isinstance(value, dict):
