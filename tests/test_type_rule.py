@@ -175,6 +175,21 @@ def test_a_value_its_column_cannot_hold_goes_to_the_residual_and_the_column_hold
         assert column is None or isinstance(column, dict), (name, column)
 
 
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ({"a": []}, {"a": [1, 2]}),  # the element type comes with the first element
+        ({"l": [{"p": 1}]}, {"l": [{"p": 2, "q": "x"}]}),  # sub-documents in an array grow
+        ({"o": {"p": 1}}, {"o": {"p": 2, "q": [True]}}),
+    ],
+)
+def test_a_later_run_gives_new_fields_their_columns(first, then):
+    schema = schema_for(schema_for(StructType([]), [first]), [then])
+    row, residual = place(then, schema)
+    assert residual == {}
+    assert norm(rebuild(row, {}, schema)) == norm(then)
+
+
 def test_what_fits_is_typed_with_nothing_left_over():
     oid = ObjectId("6b09b2d07fd6d42aacd7d70a")
     when = datetime(1969, 7, 20, 20, 17, tzinfo=UTC)  # before 1970 too

@@ -10,9 +10,11 @@ One rule for `current`'s typed columns, pure (Spark's type objects, no session):
   document with just the misfit fields at their paths, null when everything fits;
 - booleans, strings, numbers (`number_columns`), dates within years 1-9999 (timestamps),
   binaries of subtype 0, sub-documents (structs) and arrays (of one element type) have
-  columns; an ObjectId a string column marked in its metadata, so that an ObjectId and a
-  string never share a column; every other BSON type (regex, BSON timestamps, MinKey, MaxKey,
-  code, UUIDs and other binary subtypes) always goes to the residual;
+  columns, once a value says their type: an empty sub-document or array does not (Parquet
+  has no empty struct, and an element type guessed early would refuse every later element);
+- an ObjectId goes to a string column marked in its metadata, so that an ObjectId and a
+  string never share a column; every other BSON type (regex, BSON timestamps, MinKey,
+  MaxKey, code, UUIDs and other binary subtypes) always goes to the residual;
 - a field named like Tidemark's own columns (`OWN_PREFIX`), or differing only in case from an
   earlier field of the same document level, has no column: its value goes to the residual.
 """
@@ -58,7 +60,6 @@ _ARROW = {
     BinaryType: pa.binary(),
     TimestampType: pa.timestamp("us", tz="UTC"),
 }
-MISSING = object()  # a field a document does not have
 
 
 def _is_number(value: Any) -> bool:
@@ -89,7 +90,7 @@ def _kind_of(values: list[Any]) -> DataType | None:
         return inner if inner.fields else None  # Parquet has no empty struct: no column yet
     if isinstance(first, list):
         element = _kind_of([item for v in present if isinstance(v, list) for item in v])
-        return ArrayType(element if element is not None else StringType(), True)
+        return ArrayType(element, True) if element is not None else None  # no element yet
     return None
 
 
@@ -146,6 +147,12 @@ def schema_for(existing: StructType, documents: list[dict[str, Any]]) -> StructT
         elif isinstance(old.dataType, StructType):
             inner = [v for v in values if isinstance(v, dict)]
             fields[name] = StructField(name, schema_for(old.dataType, inner), True, old.metadata)
+        elif isinstance(old.dataType, ArrayType) and isinstance(
+            old.dataType.elementType, StructType
+        ):  # an array of sub-documents: their new fields too
+            items = [i for v in values if isinstance(v, list) for i in v if isinstance(i, dict)]
+            element = schema_for(old.dataType.elementType, items)
+            fields[name] = StructField(name, ArrayType(element, True), True, old.metadata)
     return StructType([fields[name] for name in order])
 
 
