@@ -16,7 +16,8 @@ One rule for `current`'s typed columns, pure (Spark's type objects, no session):
   string never share a column; every other BSON type (regex, BSON timestamps, MinKey,
   MaxKey, code, UUIDs and other binary subtypes) always goes to the residual;
 - a field named like Tidemark's own columns (`OWN_PREFIX`), or differing only in case from an
-  earlier field of the same document level, has no column: its value goes to the residual.
+  earlier field of the same document level or from a column (Delta holds names regardless of
+  case), has no column: its value goes to the residual.
 """
 
 from __future__ import annotations
@@ -137,9 +138,13 @@ def schema_for(existing: StructType, documents: list[dict[str, Any]]) -> StructT
     for document in documents:
         for name in _names(document):
             met.setdefault(name, []).append(document[name])
+    lowered = {name.lower() for name in order}
     for name, values in met.items():
         old = fields.get(name)
         if old is None:
+            if name.lower() in lowered:
+                continue  # a case twin of a column (of an earlier run or document): residual
+            lowered.add(name.lower())
             new = _field(name, values)
             if new is not None:
                 fields[name] = new
