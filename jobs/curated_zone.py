@@ -76,6 +76,10 @@ def removed_dir(lake_root: LakePath, stream: str) -> LakePath:
 OWN_PREFIX = "_tm_"
 
 TM_KEY = "_tm_key"  # canonical Extended JSON of the document's `{_id}`: the row's key
+# TM_KEY's column metadata in a table keyed by the `_id`'s value (`transform.identity`: 1 and
+# NumberLong(1) one key). A table without it was written before that rule: the first run that
+# writes to it re-keys it in place.
+KEY_RULE = {"tidemark.key": "value"}
 TM_DOCUMENT = "_tm_document"  # the whole document, canonical Extended JSON (null: a delete)
 TM_EVENT_ID = "_tm_event_id"  # the event that set the row: its token's `_data`, in event order
 TM_CLUSTER_TIME = "_tm_cluster_time"  # that event's cluster time

@@ -429,13 +429,6 @@ def test_nested_field_names_that_differ_only_in_case_do_not_stop_the_stream(
     assert rows[2]["u"].asDict() == {"x": 1} and rows[3]["u"].asDict() == {"x": None}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Known gap (session 13's adversary): `_tm_key` is the canonical text of the "
-    "documentKey's `_id`, type included. MongoDB lets a replace change `_id` 1 (int) into "
-    "NumberLong(1) (equal values); the replace's documentKey has the old type, later events "
-    "the new one, so an update after it adds a second row and a delete misses its row.",
-)
 def test_a_replacement_that_changes_the_ids_type_but_not_its_value_keeps_one_row(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):

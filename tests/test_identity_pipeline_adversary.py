@@ -24,7 +24,7 @@ from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect, source_identity
 from state import StateStore
 from tests.helpers.lake_reading import committed_table
-from tests.helpers.oracle import canonical, current_state
+from tests.helpers.oracle import canonical, current_key, current_state
 from tests.test_source_identity import _downgrade_to_version_3, _state
 from tidemark.config import StreamConfig
 from tidemark.errors import SourceChanged
@@ -185,8 +185,7 @@ KEEP = {"fullDocument.kind": "keep"}
 def _expected(raw_client: MongoClient, db: str, coll: str, query: dict) -> dict[str, str]:
     state = {}
     for doc in raw_client[db][coll].find(query):
-        key = canonical(bson.encode({"_id": bson.decode(doc.raw)["_id"]}))
-        state[key] = canonical(doc.raw)
+        state[current_key(doc.raw)] = canonical(doc.raw)
     return state
 
 

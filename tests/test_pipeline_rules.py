@@ -3,13 +3,12 @@ true: deletes and namespace events (drop, rename, dropDatabase, invalidate) alwa
 
 from __future__ import annotations
 
-import bson
 import pytest
 
 from jobs.capture import drain_until_caught_up
 from jobs.transform import read_current, transform
 from tests.helpers.lake_reading import committed_table
-from tests.helpers.oracle import canonical, current_state
+from tests.helpers.oracle import canonical, current_key, current_state
 from tidemark.config import StreamConfig
 from tidemark.errors import ConfigError
 from tidemark.pipeline_stages import (
@@ -27,8 +26,7 @@ def _expected(raw_client, db: str, query: dict) -> dict[str, str]:
     """find(query) on the source, keyed like `current`."""
     state = {}
     for doc in raw_client[db]["orders"].find(query):
-        key = canonical(bson.encode({"_id": bson.decode(doc.raw)["_id"]}))
-        state[key] = canonical(doc.raw)
+        state[current_key(doc.raw)] = canonical(doc.raw)
     return state
 
 

@@ -14,8 +14,8 @@ earlier runs removed, exactly as the first attempt did, so it plans the same com
 
 Document fields are typed by Spark's JSON inference, merged with the table's schema: a new
 field adds a column (Delta schema evolution); a field whose type changes becomes a string
-column, and the collection's table is rewritten from its documents in that schema first
-(`doc_columns.merge_types`), so no reader of any version sees a value reinterpreted.
+column, and the table is rewritten in that schema first (`doc_columns.merge_types`), so no
+reader sees a value reinterpreted; a table keyed by type (`KEY_RULE`) is re-keyed there.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 
 from jobs.curated_zone import (
     CURRENT_META,
+    KEY_RULE,
     REMOVED_COLUMNS,
     TM_CLUSTER_TIME,
     TM_COLL,
@@ -66,9 +67,12 @@ from jobs.transform.fold import (
     NAMESPACE_OPERATIONS,
     EventFacts,
     Watched,
+    keyed_by_value,
     keyed_events,
     newest_per_key,
     not_cleared,
+    rekeyed,
+    rekeyed_removals,
 )
 from tidemark.errors import SchemaFrozen
 from tidemark.object_path import LakePath
@@ -113,6 +117,7 @@ class Fold:
         # reached, in plan order (a repeat reaches them in the same order).
         self.namespaces: list[Namespace] = sorted(known)
         self.result = Folded()
+        self.typed_keys: set[Namespace] = set()  # keyed by type, not value (`KEY_RULE`)
 
     # -- paths and what is on disk -------------------------------------------------------
 
@@ -131,6 +136,8 @@ class Fold:
         if not is_table(path):
             return StructType([])
         schema = self.spark.read.format("delta").load(str(path)).schema
+        if not keyed_by_value(schema):
+            self.typed_keys.add(ns)
         return StructType([f for f in schema.fields if f.name not in META])
 
     def _earlier_removals(self) -> DataFrame | None:
@@ -154,6 +161,7 @@ class Fold:
         return folded
 
     def _run(self, events: DataFrame) -> Folded:
+        self._rekey_removed(self.writer.slot())
         namespace_events: list[Any] = []
         if self.facts.namespace_events:
             found = (
@@ -266,7 +274,7 @@ class Fold:
             report = self.result.schema.setdefault(key, {"added": [], "widened": []})
             report["added"] += [c for c in changes["added"] if c not in report["added"]]
             report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
-        if not only_adds(old, merged):
+        if not only_adds(old, merged) or ns in self.typed_keys:
             self._rewrite(ns, merged, slot)
         self.result.tables[ns] = merged
         return merged
@@ -274,13 +282,17 @@ class Fold:
     def _rewrite(self, ns: Namespace, schema: StructType, slot: int) -> None:
         path = self._current(ns)
         table = self.spark.read.format("delta").load(str(path))
+        if ns in self.typed_keys:
+            table = rekeyed(table)
         with_json = table.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
-        self.writer.overwrite(expand(with_json, schema, META), path, slot)
+        typed = expand(with_json, schema, META).withMetadata(TM_KEY, KEY_RULE)
+        self.writer.overwrite(typed, path, slot)
+        self.typed_keys.discard(ns)
 
     def _merge_current(self, ns: Namespace, typed: DataFrame, slot: int) -> None:
         path = self._current(ns)
         if not is_table(path):
-            live = typed.where(F.col(TM_DOCUMENT).isNotNull())
+            live = typed.where(F.col(TM_DOCUMENT).isNotNull()).withMetadata(TM_KEY, KEY_RULE)
             self.writer.create(live, path, CURRENT_PROPERTIES, slot)
             return
         newer = f"s.{TM_EVENT_ID} > t.{TM_EVENT_ID}"
@@ -301,7 +313,8 @@ class Fold:
     def _merge_tombstones(self, deletes: DataFrame, slot: int) -> None:
         path = self._removed()
         if not is_table(path):
-            self.writer.create(deletes, path, REMOVED_PROPERTIES, slot)
+            marked = deletes.withMetadata(TM_KEY, KEY_RULE)
+            self.writer.create(marked, path, REMOVED_PROPERTIES, slot)
             return
         same_key = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
         statement = (
@@ -313,8 +326,15 @@ class Fold:
 
     def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
         row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
-        frame = self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS))
+        frame = self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS)).withMetadata(TM_KEY, KEY_RULE)
         self.writer.create(frame, self._removed(), REMOVED_PROPERTIES, self.writer.slot())
+
+    def _rekey_removed(self, slot: int) -> None:
+        """`removed` keyed by value if it was not (`KEY_RULE`), before any run reads it."""
+        path = self._removed()
+        table = self.spark.read.format("delta").load(str(path)) if is_table(path) else None
+        if table is not None and not keyed_by_value(table.schema):
+            self.writer.overwrite(rekeyed_removals(table), path, slot, change_feed=False)
 
     # -- namespace events ----------------------------------------------------------------
 
@@ -366,22 +386,15 @@ class Fold:
         path = self._current(source)
         if not is_table(path):
             return
+        source_schema = self._table_schema(source)
         rows = (
             self.spark.read.format("delta")
             .load(str(path))
             .where(F.col(TM_EVENT_ID) < F.lit(event.event_id))
             .select(*META)
-            .withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
         )
-        schema = self._schema_for(target, self._table_schema(source), rewrite)
+        if source in self.typed_keys:
+            rows = rekeyed(rows)
+        rows = rows.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
+        schema = self._schema_for(target, source_schema, rewrite)
         self._merge_current(target, expand(rows, schema, META), merge)
-
-
-def may_hold(batches: list[Any], operations: list[str]) -> bool:
-    """True when a batch may hold an event of `operations`: the manifest counts each batch's
-    events by type (a batch with events but no counts might hold any)."""
-    return any(
-        (b.event_count and not b.events_by_type)
-        or any(b.events_by_type.get(op) for op in operations)
-        for b in batches
-    )

@@ -183,17 +183,19 @@ class RunWriter:
             if needed:
                 writer.save(str(path))
 
-    def overwrite(self, frame: Any, path: LakePath, slot: int) -> None:
+    def overwrite(self, frame: Any, path: LakePath, slot: int, change_feed: bool = True) -> None:
         """Replace the table's rows and schema (a column's type changed). Delta refuses that
         with the change feed on (a column mapped anew), so the feed is off for the one commit:
         a feed reader across it is told to read the table afresh, which a table whose column
-        changed type needs anyway."""
+        changed type needs anyway. A table without a feed (`change_feed` false) keeps none."""
         writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         with self._marked(path, slot) as needed:
-            if needed:
+            if needed and change_feed:
                 self.set_change_feed(path, False)
+            if needed:
                 writer.save(str(path))
-        self.set_change_feed(path, True)
+        if change_feed:
+            self.set_change_feed(path, True)
 
     def set_change_feed(self, path: LakePath, enabled: bool) -> None:
         """Turn the table's change feed on or off. Idempotent, so never marked, even inside

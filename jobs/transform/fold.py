@@ -27,6 +27,7 @@ segments between namespace events, each segment applied to what came before.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import bson
 import bsonjs
@@ -35,9 +36,10 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import StringType, StructType
 
 from jobs.curated_zone import (
+    KEY_RULE,
     TM_CLUSTER_TIME,
     TM_COLL,
     TM_DB,
@@ -48,6 +50,7 @@ from jobs.curated_zone import (
     TM_KEY,
 )
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
+from jobs.transform.identity import identity_key
 from jobs.transform.udfs import arrow_udf_of
 
 KEY = [TM_DB, TM_COLL, TM_KEY]  # a document's key across the stream's collections
@@ -61,8 +64,10 @@ _KEY_CODEC = CodecOptions(
     tz_aware=True,
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
 )
-# documentKey forms that already are the canonical `{_id}` key (an _id alone of these types).
+# documentKey forms that already are the canonical `{_id}` key (an _id alone of these types),
+# once a `$numberLong` that fits an int32 is written `$numberInt` (`identity`): no Python.
 ID_ONLY = r'^\{ "_id" : \{ "\$(numberInt|numberLong|oid)" : "[^"]*" \} \}$'
+LONG_ID = r'^\{ "_id" : \{ "\$numberLong" : "(-?[0-9]+)" \} \}$'
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,16 @@ class EventFacts:
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
     deletes: bool = True  # a delete may be among them
     large: bool = False  # events of a MB or more (`change_log.large_events`): rows held on disk
+
+
+def may_hold(batches: list[Any], operations: list[str]) -> bool:
+    """True when a batch may hold an event of `operations`: the manifest counts each batch's
+    events by type (a batch with events but no counts might hold any)."""
+    return any(
+        (b.event_count and not b.events_by_type)
+        or any(b.events_by_type.get(op) for op in operations)
+        for b in batches
+    )
 
 
 @dataclass(frozen=True)
@@ -91,7 +106,8 @@ class Watched:
 
 
 def id_key(document_key: str | None) -> str | None:
-    """`{"_id": ...}` of a documentKey, in libbson's canonical Extended JSON.
+    """`{"_id": ...}` of a documentKey, in libbson's canonical Extended JSON, its numbers
+    written by their value (`identity.identity_key`: `1` and `NumberLong(1)` are one key).
 
     On a sharded collection documentKey also holds the shard key's fields (and they change when
     the shard key is refined), while a snapshot row's key is `{_id}`: `_id` alone is the one
@@ -103,7 +119,7 @@ def id_key(document_key: str | None) -> str | None:
     if value is None:
         return document_key  # no _id to key by: keep what the server gave
     key = bson.encode({"_id": value}, codec_options=_KEY_CODEC)
-    return bsonjs.dumps(key, mode=bsonjs.CANONICAL)
+    return identity_key(bsonjs.dumps(key, mode=bsonjs.CANONICAL))
 
 
 def id_key_arrays(document_keys: pa.Array) -> pa.Array:
@@ -115,15 +131,51 @@ def id_key_udf(document_keys: Column | str) -> Column:
     return arrow_udf_of(id_key_arrays, StringType())(document_keys)
 
 
+def identity_key_arrays(keys: pa.Array) -> pa.Array:
+    """`identity_key` of each key a `current` table written before the rule holds."""
+    return pa.array([None if k is None else identity_key(k) for k in keys.to_pylist()], pa.string())
+
+
+def rekeyed(rows: DataFrame, within: tuple[str, ...] = ()) -> DataFrame:
+    """Rows of a table whose keys kept their numbers' types (written before the identity rule:
+    `curated_zone.KEY_RULE`), keyed by value, and the newest row of each key (`within` the
+    other key columns) where two now share one."""
+    key = arrow_udf_of(identity_key_arrays, StringType())(F.col(TM_KEY)).cast("string")
+    newest_first = Window.partitionBy(*within, TM_KEY).orderBy(F.col(TM_EVENT_ID).desc())
+    ranked = rows.withColumn(TM_KEY, key).withColumn("_rank", F.row_number().over(newest_first))
+    return ranked.where(F.col("_rank") == 1).drop("_rank")
+
+
+def rekeyed_removals(removed: DataFrame) -> DataFrame:
+    """`removed` (tombstones keyed, barriers not) re-keyed by value (`rekeyed`)."""
+    tombstones = rekeyed(removed.where(F.col(TM_KEY).isNotNull()), within=(TM_DB, TM_COLL))
+    barriers = removed.where(F.col(TM_KEY).isNull())
+    return tombstones.unionByName(barriers).withMetadata(TM_KEY, KEY_RULE)
+
+
+def keyed_by_value(schema: StructType) -> bool:
+    """Whether a table of this schema keys its rows by the `_id`'s value (`KEY_RULE`)."""
+    return any(f.name == TM_KEY and KEY_RULE.items() <= f.metadata.items() for f in schema.fields)
+
+
+def _by_value(key: Column) -> Column:
+    """An `ID_ONLY` key as `identity_key` writes it, in SQL: only a `$numberLong` that fits an
+    int32 changes (to `$numberInt`)."""
+    value = F.regexp_extract(key, LONG_ID, 1).try_cast("long")
+    small = key.rlike(LONG_ID) & value.between(-(2**31), 2**31 - 1)
+    as_int = F.concat(F.lit('{ "_id" : { "$numberInt" : "'), value.cast("string"), F.lit('" } }'))
+    return F.when(small, as_int).otherwise(key)
+
+
 def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:
     """`rows` with TM_KEY, the canonical key of their documentKey (not null). Python runs
     only for the rows whose key is not already `{_id}`, and not at all when `other_keys` is
     false: a UDF under `when` would still be evaluated for every row, so the two kinds are
     split (two reads of `rows`) and unioned."""
     if not other_keys:
-        return rows.withColumn(TM_KEY, F.col("document_key"))
+        return rows.withColumn(TM_KEY, _by_value(F.col("document_key")))
     id_only = F.col("document_key").rlike(ID_ONLY)
-    plain = rows.where(id_only).withColumn(TM_KEY, F.col("document_key"))
+    plain = rows.where(id_only).withColumn(TM_KEY, _by_value(F.col("document_key")))
     # Cast: over Spark Connect a UDF's string is `string collate UTF8_BINARY`, which delta-rs
     # refuses in a table's schema (see change_log); the union below hides that only while
     # its plain side comes first.

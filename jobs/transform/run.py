@@ -31,10 +31,10 @@ from jobs.curated_zone import changes_dir, curated, current_dir
 from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
 from jobs.raw_zone import SNAPSHOT_START
-from jobs.transform.apply import Fold, Folded, may_hold
+from jobs.transform.apply import Fold, Folded
 from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
-from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched
+from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
 from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
 from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState

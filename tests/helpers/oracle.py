@@ -10,7 +10,10 @@ from typing import Any
 import bson
 import bsonjs
 from bson import Decimal128, ObjectId
+from bson.codec_options import DEFAULT_CODEC_OPTIONS, CodecOptions
 from pymongo import DeleteOne, InsertOne, MongoClient, ReplaceOne, UpdateMany, UpdateOne
+
+from jobs.transform.identity import identity_key
 
 KEYS = 600  # a small key space so deletes, re-inserts and repeated updates collide often
 
@@ -130,13 +133,15 @@ def canonical(raw: bytes) -> str:
     return bsonjs.dumps(bytes(raw), mode=bsonjs.CANONICAL)  # large raw documents are memoryviews
 
 
+def current_key(raw: bytes, codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS) -> str:
+    """A source document's key as `current` keys it: its `{_id}` by value (`identity_key`)."""
+    value = bson.decode(bytes(raw), codec_options=codec_options)["_id"]
+    return identity_key(canonical(bson.encode({"_id": value}, codec_options=codec_options)))
+
+
 def source_state(raw_client: MongoClient, db: str, coll: str) -> dict[str, str]:
-    """find() on the source, keyed like `current`: canonical document key -> canonical document."""
-    state = {}
-    for doc in raw_client[db][coll].find():
-        key = canonical(bson.encode({"_id": bson.decode(doc.raw)["_id"]}))
-        state[key] = canonical(doc.raw)
-    return state
+    """find() on the source, keyed like `current`: `current_key` -> canonical document."""
+    return {current_key(doc.raw): canonical(doc.raw) for doc in raw_client[db][coll].find()}
 
 
 def current_state(frame) -> dict[str, str]:

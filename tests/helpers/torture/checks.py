@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import bson
 from pymongo.errors import PyMongoError
 
 from state import StateStore, TransformState
 from tests.helpers.delta_reading import current_tables, query
 from tests.helpers.lake_reading import read_parquet
-from tests.helpers.oracle import canonical
+from tests.helpers.oracle import canonical, current_key
 from tests.helpers.torture.config import SNAPSHOT_OPS
 from tests.helpers.torture.reference import Ref, covers, python_fold, reference_events
 from tests.helpers.torture.scheduler import FOLD_STREAMS, Sample, Torture
@@ -199,8 +198,7 @@ class Oracle:
         state = {}
         for db, coll in names:
             for doc in raw[db][coll].find():
-                key = canonical(bson.encode({"_id": bson.decode(doc.raw)["_id"]}))
-                state[(db, coll, key)] = canonical(doc.raw)
+                state[(db, coll, current_key(doc.raw))] = canonical(doc.raw)
         return state
 
     # 2. changes

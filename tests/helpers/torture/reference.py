@@ -8,6 +8,7 @@ from typing import Any
 
 from pymongo import MongoClient
 
+from jobs.transform.identity import identity_key
 from tests.helpers.oracle import canonical
 from tidemark.config import StreamConfig
 from tidemark.pipeline_stages import ALWAYS_PASSING_EVENTS
@@ -43,7 +44,7 @@ def _ref(event: Any) -> Ref:
         ts=pack_ts(event["clusterTime"]),
         db=ns.get("db"),
         coll=ns.get("coll"),
-        key=canonical(key.raw) if key is not None else None,
+        key=identity_key(canonical(key.raw)) if key is not None else None,
         doc=canonical(doc.raw) if doc is not None else None,
         to=(to["db"], to["coll"]) if to is not None else None,
     )
