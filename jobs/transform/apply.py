@@ -47,10 +47,11 @@ from jobs.curated_zone import (
 )
 from jobs.transform.change_log import held
 from jobs.transform.delta_io import (
-    CURRENT_PROPERTIES,
     REMOVED_PROPERTIES,
     RunWriter,
+    current_properties,
     is_table,
+    needs_column_mapping,
     table_ref,
 )
 from jobs.transform.doc_columns import (
@@ -61,6 +62,7 @@ from jobs.transform.doc_columns import (
     merge_schemas,
     only_adds,
     schema_changes,
+    schema_frozen,
 )
 from jobs.transform.fold import (
     KEY,
@@ -74,7 +76,6 @@ from jobs.transform.fold import (
     rekeyed,
     rekeyed_removals,
 )
-from tidemark.errors import SchemaFrozen
 from tidemark.object_path import LakePath
 
 META = names(CURRENT_META)  # what `expand` keeps before a row's document columns
@@ -261,19 +262,13 @@ class Fold:
         key = f"{ns[0]}.{ns[1]}"
         changes = schema_changes(old, merged)
         if self.frozen and old.fields and (changes["added"] or changes["widened"]):
-            raise SchemaFrozen(
-                f"Collection {key}'s documents changed its `current` table's schema (columns "
-                f"added: {', '.join(changes['added']) or 'none'}; changed: "
-                f"{'; '.join(changes['widened']) or 'none'}), and its stream has "
-                "`schema: freeze`. This run committed nothing to `current` or the state store, "
-                "and the stream's transforms stop at these events: each tries them again.",
-                "Set `schema: evolve` on the stream to take the change (columns are added or "
-                "widened by the README's rule); the next transform then folds them.",
-            )
+            raise schema_frozen(key, changes)
         if changes["added"] or changes["widened"]:
             report = self.result.schema.setdefault(key, {"added": [], "widened": []})
             report["added"] += [c for c in changes["added"] if c not in report["added"]]
             report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
+        if is_table(self._current(ns)) and needs_column_mapping(merged) > needs_column_mapping(old):
+            self.writer.map_columns(self._current(ns))  # before a name that needs it arrives
         if not only_adds(old, merged) or ns in self.typed_keys:
             self._rewrite(ns, merged, slot)
         self.result.tables[ns] = merged
@@ -293,7 +288,8 @@ class Fold:
         path = self._current(ns)
         if not is_table(path):
             live = typed.where(F.col(TM_DOCUMENT).isNotNull()).withMetadata(TM_KEY, KEY_RULE)
-            self.writer.create(live, path, CURRENT_PROPERTIES, slot)
+            properties = current_properties(self.result.tables[ns])
+            self.writer.create(live, path, properties, slot)
             return
         newer = f"s.{TM_EVENT_ID} > t.{TM_EVENT_ID}"
         statement = (

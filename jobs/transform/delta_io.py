@@ -29,18 +29,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+
 from tidemark.object_path import LakePath
 
 MARK = "spark.databricks.delta.commitInfo.userMetadata"
 STEP_SPAN = 1_000_000  # more commits than a run makes to any one table
 # `current`: a MERGE marks replaced rows in deletion vectors instead of rewriting their files,
-# the change feed lets downstream jobs read only what a run changed, and column mapping lets a
-# column carry any field name a document has (spaces, dots, commas).
+# and the change feed lets downstream jobs read only what a run changed.
 CURRENT_PROPERTIES = {
     "delta.enableDeletionVectors": "true",
     "delta.enableChangeDataFeed": "true",
-    "delta.columnMapping.mode": "name",
 }
+# Column mapping lets a column carry a name Delta otherwise refuses (`needs_column_mapping`).
+# Only a table that has such a column gets it: Polars and delta-rs's `to_pyarrow_table` refuse
+# to read a table with the feature at all.
+COLUMN_MAPPING = {"delta.columnMapping.mode": "name"}
+UNMAPPED_REFUSES = frozenset(" ,;{}()\n\t=")
 CHANGES_PROPERTIES = {"delta.appendOnly": "true"}
 # Table features Delta will not enable in a commit that also writes rows.
 EMPTY_FIRST = frozenset({"delta.enableChangeDataFeed", "delta.columnMapping.mode"})
@@ -58,6 +63,26 @@ def quoted(name: str) -> str:
 
 def table_ref(path: LakePath) -> str:
     return "delta.`" + str(path).replace("`", "``") + "`"
+
+
+def current_properties(schema: StructType) -> dict[str, str]:
+    """`current`'s properties for a table of `schema`: column mapping only if it needs it."""
+    return CURRENT_PROPERTIES | (COLUMN_MAPPING if needs_column_mapping(schema) else {})
+
+
+def needs_column_mapping(dtype: DataType) -> bool:
+    """Whether a column of this type (fields at any depth) has a name Delta refuses in a
+    table without column mapping (`UNMAPPED_REFUSES`)."""
+    if isinstance(dtype, StructType):
+        return any(
+            bool(UNMAPPED_REFUSES & set(f.name)) or needs_column_mapping(f.dataType)
+            for f in dtype.fields
+        )
+    if isinstance(dtype, ArrayType):
+        return needs_column_mapping(dtype.elementType)
+    if isinstance(dtype, MapType):
+        return needs_column_mapping(dtype.keyType) or needs_column_mapping(dtype.valueType)
+    return False
 
 
 def is_table(path: LakePath) -> bool:
@@ -200,14 +225,21 @@ class RunWriter:
     def set_change_feed(self, path: LakePath, enabled: bool) -> None:
         """Turn the table's change feed on or off. Idempotent, so never marked, even inside
         a marked write (`overwrite`): a mark names the one commit that holds a slot's rows."""
-        value = "true" if enabled else "false"
+        self._set_property(path, "delta.enableChangeDataFeed", "true" if enabled else "false")
+
+    def map_columns(self, path: LakePath) -> None:
+        """Turn on column mapping (`COLUMN_MAPPING`) before a column needs it; idempotent and
+        unmarked, as `set_change_feed`."""
+        ((key, value),) = COLUMN_MAPPING.items()
+        self._set_property(path, key, value)
+
+    def _set_property(self, path: LakePath, key: str, value: str) -> None:
         conf = self.spark.conf
         mark = conf.get(MARK, None)
         conf.unset(MARK)
         try:
             self.spark.sql(
-                f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES "
-                f"(delta.enableChangeDataFeed = {value})"
+                f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{key}' = '{value}')"
             ).collect()
         finally:
             if mark is not None:

@@ -35,6 +35,7 @@ from jobs.curated_zone import OWN_PREFIX, TM_DELETED, TM_DOCUMENT, TM_JSON
 from jobs.raw_zone import DOCUMENT_FIELDS, document_bson, events_documents
 from jobs.transform.extjson import flatten, plain_json
 from jobs.transform.udfs import arrow_udf_of
+from tidemark.errors import SchemaFrozen
 
 # A BSON date is written by `flatten` as exactly this form of ISO 8601 (UTC, milliseconds), and
 # read back as a timestamp: a field whose every value is such an instant becomes a timestamp
@@ -179,6 +180,19 @@ def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
         if f.name in before and before[f.name] != f.dataType
     ]
     return {"added": added, "widened": widened}
+
+
+def schema_frozen(collection: str, changes: dict[str, list[str]]) -> SchemaFrozen:
+    """The error of a stream with `schema: freeze` whose documents made `changes`."""
+    return SchemaFrozen(
+        f"Collection {collection}'s documents changed its `current` table's schema (columns "
+        f"added: {', '.join(changes['added']) or 'none'}; changed: "
+        f"{'; '.join(changes['widened']) or 'none'}), and its stream has "
+        "`schema: freeze`. This run committed nothing to `current` or the state store, "
+        "and the stream's transforms stop at these events: each tries them again.",
+        "Set `schema: evolve` on the stream to take the change (columns are added or "
+        "widened by the README's rule); the next transform then folds them.",
+    )
 
 
 def field_columns(schema: StructType) -> StructType:

@@ -1,0 +1,151 @@
+"""The README's reader lines, each run against a real `current` table (deletion vectors from a
+MERGE, typed columns of every kind the fold writes): every engine gives Spark's rows. Column
+mapping is on only where a field's name needs it, and the README says which engines read
+such a table."""
+
+from __future__ import annotations
+
+import ast
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars
+import pyarrow as pa
+import pytest
+from bson import Decimal128, ObjectId
+from deltalake import DeltaTable
+
+from jobs.capture import drain
+from jobs.transform import transform
+from tests.helpers.delta_reading import current_tables
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+ENGINES = ["Spark", "delta-rs", "DuckDB", "Polars", "pandas"]
+
+
+def _readme_statements() -> list[tuple[str, str | None]]:
+    """The statements of the README's reader block (after its `<!-- readers -->` marker), each
+    with the engine its trailing comment names (None for the setup: imports, the path, the
+    extension's load)."""
+    text = README.read_text()
+    block = re.search(r"<!-- readers -->\n```python\n(.*?)```", text, re.S)
+    assert block, "the README has no reader block"
+    lines = block.group(1).splitlines()
+    statements = []
+    for node in ast.parse(block.group(1)).body:
+        source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+        comment = re.search(r"  # (\S+)$", source)
+        statements.append((source, comment.group(1) if comment else None))
+    return statements
+
+
+def _read(engine: str, spark: Any, path: Path) -> Any:
+    """Run the README's setup statements, then its line for `engine`, on the table at `path`."""
+    scope: dict[str, Any] = {"spark": spark}
+    ours = None
+    for source, named in _readme_statements():
+        if source.startswith("path = "):
+            scope["path"] = str(path)
+        elif named == engine:
+            ours = source
+        elif named is None:
+            exec(source, scope)
+    assert ours is not None, f"the README has no line for {engine}"
+    return eval(ours, scope)
+
+
+def _rows(result: Any) -> list[dict]:
+    """An engine's result as rows of Python values, sorted by key."""
+    if hasattr(result, "toArrow"):
+        table = result.toArrow()  # not collect(): PySpark's conversion fails on year-1 dates
+    elif isinstance(result, polars.DataFrame):
+        table = result.to_arrow()
+    elif hasattr(result, "to_records"):  # pandas
+        table = pa.Table.from_pandas(result, preserve_index=False)
+    else:
+        table = pa.table(result)
+    return sorted((_plain(r) for r in table.to_pylist()), key=lambda r: r["_tm_key"])
+
+
+def _plain(value: Any) -> Any:
+    """Values as every engine gives them: instants in UTC, structs as dicts, nulls None."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, float) and value != value:
+        return None  # pandas holds a null number as NaN
+    return value
+
+
+def _current_of(spark, client, raw_client, sqlite_store, lake, make_stream, db_name) -> Path:
+    orders = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    orders.insert_many(
+        [
+            {
+                "_id": n,
+                "when": datetime(1969 - n, 7, 20, 20, 17, tzinfo=UTC),  # before 1970
+                "price": Decimal128(f"{n}.50"),
+                "owner": ObjectId(),
+                "tags": ["a", "b"][: n % 3],
+                "address": {"city": f"c{n}", "geo": {"lat": n / 3}},
+                "count": n,
+            }
+            for n in range(8)
+        ]
+    )
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    orders.delete_one({"_id": 3})
+    orders.update_one({"_id": 4}, {"$set": {"count": 40, "address.city": "moved"}})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)  # a MERGE: deletion vectors
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+    return path
+
+
+def test_every_readme_reader_line_reads_current_as_spark_does(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    path = _current_of(spark, client, raw_client, sqlite_store, lake, make_stream, db_name)
+    protocol = DeltaTable(str(path)).protocol()
+    assert "deletionVectors" in (protocol.reader_features or [])
+    assert "columnMapping" not in (protocol.reader_features or [])  # no name needs it
+    expected = _rows(_read("Spark", spark, path))
+    assert [r["_id"] for r in expected] == [0, 1, 2, 4, 5, 6, 7]
+    for engine in ENGINES[1:]:
+        assert _rows(_read(engine, spark, path)) == expected, engine
+
+
+def test_a_field_name_that_needs_column_mapping_turns_it_on_from_that_run(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    orders = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    orders.insert_many([{"_id": 1, "plain": 1}, {"_id": 2, "plain": 2}])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+    assert "columnMapping" not in (DeltaTable(str(path)).protocol().reader_features or [])
+
+    orders.update_one({"_id": 2}, {"$set": {"unit price": 9, "nested": {"a;b": 1}}})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    assert "columnMapping" in (DeltaTable(str(path)).protocol().reader_features or [])
+    expected = _rows(_read("Spark", spark, path))
+    assert [(r["_id"], r["unit price"], r["nested"]) for r in expected] == [
+        (1, None, None),
+        (2, 9, {"a;b": 1}),
+    ]
+    for engine in ["delta-rs", "DuckDB", "pandas"]:
+        assert _rows(_read(engine, spark, path)) == expected, engine
+    with pytest.raises(Exception, match="columnMapping"):  # as the README says
+        _read("Polars", spark, path)
