@@ -17,9 +17,9 @@ import pytest
 from bson import Decimal128, ObjectId
 from deltalake import DeltaTable
 
-from jobs.capture import drain
-from jobs.transform import transform
-from tests.helpers.delta_reading import current_tables
+from jobs.capture import drain, drain_until_caught_up
+from jobs.transform import delta_io, transform
+from tests.helpers.delta_reading import current_tables, query
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ENGINES = ["Spark", "delta-rs", "DuckDB", "Polars", "pandas"]
@@ -149,3 +149,39 @@ def test_a_field_name_that_needs_column_mapping_turns_it_on_from_that_run(
         assert _rows(_read(engine, spark, path)) == expected, engine
     with pytest.raises(Exception, match="columnMapping"):  # as the README says
         _read("Polars", spark, path)
+
+
+def test_a_reader_between_a_runs_commits_sees_a_real_past_state_in_event_order(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    """A run commits to `current` once per segment between namespace events: an engine that
+    reads the newest version by path while the run commits sees each of them. Each is a past
+    state of the collection, in event order (the README says so)."""
+    orders = client[db_name]["orders"]
+    stream = make_stream()
+    drain(stream, raw_client, sqlite_store, lake)
+    orders.insert_many([{"_id": 1, "v": 0}, {"_id": 2, "v": 0}])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+
+    states = [{1: 0, 2: 0}, {1: 1, 2: 0}, {1: 1, 2: 0, 3: 0}, {}, {4: 0}, {4: 0, 5: 0}]
+    orders.replace_one({"_id": 1}, {"v": 1})  # its event carries the document (no lookup)
+    orders.insert_one({"_id": 3, "v": 0})
+    orders.drop()
+    orders.insert_one({"_id": 4, "v": 0})
+    orders.insert_one({"_id": 5, "v": 0})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    seen = []
+
+    def read_after_commit(moment: str, table: Any, slot: int) -> None:
+        if moment == "after" and str(table) == str(path):
+            seen.append({r["_id"]: r["v"] for r in query(path, "SELECT _id, v FROM t")})
+
+    monkeypatch.setattr(delta_io, "COMMIT_HOOK", read_after_commit)
+    transform(spark, sqlite_store, lake, stream)
+
+    assert len(seen) >= 3 and seen[-1] == states[-1], seen  # the segments, then the drop's
+    places = [states.index(state) for state in seen]  # each seen state is one of them...
+    assert places == sorted(places), seen  # ...and they come in event order
+    assert {} in seen  # the drop's commit: the collection just after it, empty
