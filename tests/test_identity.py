@@ -105,6 +105,27 @@ def test_the_key_of_a_key_is_itself(value):
     assert identity_key(once) == once
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (
+            '{ "_id" : { "a" : "x", "a" : { "$numberLong" : "1" } } }',
+            '{ "_id" : { "a" : "x", "a" : { "$numberInt" : "1" } } }',
+        ),
+        (
+            '{ "_id" : { "a" : { "$numberLong" : "1" }, "a" : "x" } }',
+            '{ "_id" : { "a" : { "$numberInt" : "1" }, "a" : "x" } }',
+        ),
+    ],
+)
+def test_a_name_an_id_repeats_keeps_each_of_its_values(key, expected):
+    """The server stores `{_id: {a: "x", a: NumberLong(1)}}` beside `{_id: {a: 1}}` (no
+    duplicate key): both fields stay in the key, or the two documents would be one row."""
+    assert identity_key(key) == expected
+    assert identity_key('{ "_id" : { "a" : { "$numberInt" : "1" } } }') != expected
+
+
 _collections = itertools.count()
 
 

@@ -93,14 +93,18 @@ def test_a_table_keyed_by_type_before_the_rule_is_re_keyed_by_the_next_run(
     transform(spark, sqlite_store, lake, stream)
 
     # The lake as the release before the rule left it: keys with their types, no mark, and
-    # the duplicate that rule let happen (an older row of _id 1 under its int32 key).
+    # the twins that rule let happen, older rows under an int32 key: one of _id 1, and one of
+    # _id 9, whose NumberLong(9) twin was deleted since (the adversary's find: re-keyed, the
+    # twin must stay deleted, not come back as the newest row of its value).
     ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
     rows = [r.asDict() for r in spark.read.format("delta").load(str(path)).collect()]
     older = {**rows[0], "_tm_event_id": "0", "_tm_document": '{ "_id" : 1, "v" : -1 }'}
+    deleted_twin = {**rows[0], "_tm_event_id": "0", "_tm_document": '{ "_id" : 9 }'}
     for row in rows:
         row[TM_KEY] = _typed_key(row["_tm_document"])
     older[TM_KEY] = '{ "_id" : { "$numberInt" : "1" } }'
-    _as_before_the_rule(spark, path, [*rows, older])
+    deleted_twin[TM_KEY] = '{ "_id" : { "$numberInt" : "9" } }'
+    _as_before_the_rule(spark, path, [*rows, older, deleted_twin])
     removed = removed_dir(lake, stream.name)
     tombstones = [r.asDict() for r in spark.read.format("delta").load(str(removed)).collect()]
     assert [t[TM_KEY] for t in tombstones] == ['{ "_id" : { "$numberInt" : "9" } }']

@@ -75,6 +75,7 @@ from jobs.transform.fold import (
     not_cleared,
     rekeyed,
     rekeyed_removals,
+    tombstones_of,
 )
 from tidemark.object_path import LakePath
 
@@ -278,7 +279,7 @@ class Fold:
         path = self._current(ns)
         table = self.spark.read.format("delta").load(str(path))
         if ns in self.typed_keys:
-            table = rekeyed(table)
+            table = rekeyed(table, tombstones=tombstones_of(self._earlier_removals(), ns))
         with_json = table.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
         typed = expand(with_json, schema, META).withMetadata(TM_KEY, KEY_RULE)
         self.writer.overwrite(typed, path, slot)
@@ -390,7 +391,7 @@ class Fold:
             .select(*META)
         )
         if source in self.typed_keys:
-            rows = rekeyed(rows)
+            rows = rekeyed(rows, tombstones=tombstones_of(self._earlier_removals(), source))
         rows = rows.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
         schema = self._schema_for(target, source_schema, rewrite)
         self._merge_current(target, expand(rows, schema, META), merge)

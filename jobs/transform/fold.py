@@ -136,14 +136,31 @@ def identity_key_arrays(keys: pa.Array) -> pa.Array:
     return pa.array([None if k is None else identity_key(k) for k in keys.to_pylist()], pa.string())
 
 
-def rekeyed(rows: DataFrame, within: tuple[str, ...] = ()) -> DataFrame:
+def rekeyed(
+    rows: DataFrame, within: tuple[str, ...] = (), tombstones: DataFrame | None = None
+) -> DataFrame:
     """Rows of a table whose keys kept their numbers' types (written before the identity rule:
     `curated_zone.KEY_RULE`), keyed by value, and the newest row of each key (`within` the
-    other key columns) where two now share one."""
+    other key columns) where two now share one, unless a strictly newer tombstone of that
+    value removed it (`tombstones`: TM_KEY, `_t_event_id`): the type-keyed MERGE of a delete
+    missed an older twin keyed by the other type."""
     key = arrow_udf_of(identity_key_arrays, StringType())(F.col(TM_KEY)).cast("string")
     newest_first = Window.partitionBy(*within, TM_KEY).orderBy(F.col(TM_EVENT_ID).desc())
     ranked = rows.withColumn(TM_KEY, key).withColumn("_rank", F.row_number().over(newest_first))
-    return ranked.where(F.col("_rank") == 1).drop("_rank")
+    newest = ranked.where(F.col("_rank") == 1).drop("_rank")
+    if tombstones is None:
+        return newest
+    hidden = newest.join(tombstones, TM_KEY).where(F.col("_t_event_id") > F.col(TM_EVENT_ID))
+    return newest.join(hidden.select(TM_KEY), TM_KEY, "left_anti")
+
+
+def tombstones_of(removals: DataFrame | None, ns: tuple[str, str]) -> DataFrame | None:
+    """A collection's tombstones among `removals` (the `removed` table's rows): TM_KEY and
+    their event id as `_t_event_id`."""
+    if removals is None:
+        return None
+    ours = (F.col(TM_DB) == ns[0]) & (F.col(TM_COLL) == ns[1]) & F.col(TM_KEY).isNotNull()
+    return removals.where(ours).select(TM_KEY, F.col(TM_EVENT_ID).alias("_t_event_id"))
 
 
 def rekeyed_removals(removed: DataFrame) -> DataFrame:

@@ -35,28 +35,42 @@ _EXACT = Context(prec=40)
 _SPECIAL = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity", "-NaN": "NaN"}
 
 
+class _Fields(list):
+    """A JSON object as its (name, value) pairs, in order: BSON lets a document repeat a name
+    (the server stores `{_id: {a: "x", a: 1}}`), which a dict would collapse into one."""
+
+
 def identity_key(key_json: str) -> str:
     """`key_json` (canonical Extended JSON of `{"_id": ...}`) with each number rewritten to
     its value's one representative (see the module docstring)."""
-    tree = json.loads(key_json)
+    tree = json.loads(key_json, object_pairs_hook=_Fields)
     normalised = _normalised(tree)
     if normalised == tree:
         return key_json
-    return bsonjs.dumps(bsonjs.loads(json.dumps(normalised)), mode=bsonjs.CANONICAL)
+    return bsonjs.dumps(bsonjs.loads(_dumps(normalised)), mode=bsonjs.CANONICAL)
 
 
 def _normalised(node: Any) -> Any:
+    if isinstance(node, _Fields):
+        if len(node) == 1:
+            ((tag, text),) = node
+            if tag in NUMBER_TAGS and isinstance(text, str):
+                return _Fields(representative(_value(tag, text)).items())
+        if any(name.startswith("$") for name, _ in node):
+            return node  # another type's wrapper ($date holds a $numberLong that is no number)
+        return _Fields((name, _normalised(value)) for name, value in node)
     if isinstance(node, list):
         return [_normalised(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if len(node) == 1:
-        ((tag, text),) = node.items()
-        if tag in NUMBER_TAGS and isinstance(text, str):
-            return representative(_value(tag, text))
-    if any(name.startswith("$") for name in node):
-        return node  # another type's wrapper ($date holds a $numberLong that is no number)
-    return {name: _normalised(value) for name, value in node.items()}
+    return node
+
+
+def _dumps(node: Any) -> str:
+    """JSON text of a `_normalised` tree, repeated names kept."""
+    if isinstance(node, _Fields):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_dumps(v)}" for k, v in node) + "}"
+    if isinstance(node, list):
+        return "[" + ", ".join(_dumps(item) for item in node) + "]"
+    return json.dumps(node)
 
 
 def _value(tag: str, text: str) -> Decimal:
