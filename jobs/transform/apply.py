@@ -29,7 +29,6 @@ from pyspark.sql.types import StructType
 
 from jobs.curated_zone import (
     CURRENT_META,
-    KEY_RULE,
     REMOVED_COLUMNS,
     TM_CLUSTER_TIME,
     TM_COLL,
@@ -71,6 +70,7 @@ from jobs.transform.fold import (
     Watched,
     keyed_by_value,
     keyed_events,
+    marked_by_value,
     newest_per_key,
     not_cleared,
     rekeyed,
@@ -281,14 +281,14 @@ class Fold:
         if ns in self.typed_keys:
             table = rekeyed(table, tombstones=tombstones_of(self._earlier_removals(), ns))
         with_json = table.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
-        typed = expand(with_json, schema, META).withMetadata(TM_KEY, KEY_RULE)
+        typed = marked_by_value(expand(with_json, schema, META))
         self.writer.overwrite(typed, path, slot)
         self.typed_keys.discard(ns)
 
     def _merge_current(self, ns: Namespace, typed: DataFrame, slot: int) -> None:
         path = self._current(ns)
         if not is_table(path):
-            live = typed.where(F.col(TM_DOCUMENT).isNotNull()).withMetadata(TM_KEY, KEY_RULE)
+            live = marked_by_value(typed.where(F.col(TM_DOCUMENT).isNotNull()))
             properties = current_properties(self.result.tables[ns])
             self.writer.create(live, path, properties, slot)
             return
@@ -310,8 +310,7 @@ class Fold:
     def _merge_tombstones(self, deletes: DataFrame, slot: int) -> None:
         path = self._removed()
         if not is_table(path):
-            marked = deletes.withMetadata(TM_KEY, KEY_RULE)
-            self.writer.create(marked, path, REMOVED_PROPERTIES, slot)
+            self.writer.create(marked_by_value(deletes), path, REMOVED_PROPERTIES, slot)
             return
         same_key = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
         statement = (
@@ -323,7 +322,7 @@ class Fold:
 
     def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
         row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
-        frame = self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS)).withMetadata(TM_KEY, KEY_RULE)
+        frame = marked_by_value(self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS)))
         self.writer.create(frame, self._removed(), REMOVED_PROPERTIES, self.writer.slot())
 
     def _rekey_removed(self, slot: int) -> None:

@@ -215,9 +215,9 @@ class RunWriter:
         changed type needs anyway. A table without a feed (`change_feed` false) keeps none."""
         writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         with self._marked(path, slot) as needed:
-            if needed and change_feed:
-                self.set_change_feed(path, False)
             if needed:
+                if change_feed:
+                    self.set_change_feed(path, False)
                 writer.save(str(path))
         if change_feed:
             self.set_change_feed(path, True)

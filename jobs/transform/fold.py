@@ -167,7 +167,13 @@ def rekeyed_removals(removed: DataFrame) -> DataFrame:
     """`removed` (tombstones keyed, barriers not) re-keyed by value (`rekeyed`)."""
     tombstones = rekeyed(removed.where(F.col(TM_KEY).isNotNull()), within=(TM_DB, TM_COLL))
     barriers = removed.where(F.col(TM_KEY).isNull())
-    return tombstones.unionByName(barriers).withMetadata(TM_KEY, KEY_RULE)
+    return marked_by_value(tombstones.unionByName(barriers))
+
+
+def marked_by_value(frame: DataFrame) -> DataFrame:
+    """`frame` with TM_KEY marked as keyed by value (`KEY_RULE`), as a table's first commit
+    or rewrite must write it (a MERGE keeps the table's mark)."""
+    return frame.withMetadata(TM_KEY, KEY_RULE)
 
 
 def keyed_by_value(schema: StructType) -> bool:
