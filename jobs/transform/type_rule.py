@@ -2,8 +2,10 @@
 
 One rule for `current`'s typed columns, pure (Spark's type objects, no session):
 
-- a field gets its column the first time a run meets it (`schema_for`), typed from that run's
-  values; a column's type never changes afterwards (no rewrite, and no Delta `typeWidening`,
+- a field gets its column the first time a run meets it (`schema_from`), of the kind most of
+  that run's values have (`field_census`: counted per partition and added, so the choice
+  never depends on the order or split of the run's documents); new columns come in name
+  order; a column's type never changes afterwards (no rewrite, and no Delta `typeWidening`,
   which delta-rs and Polars refuse to read: `number_columns`);
 - a value goes to its column when the column's type holds it exactly (`place`); else the
   column holds null and the value goes to the row's residual: canonical Extended JSON of a
@@ -16,8 +18,9 @@ One rule for `current`'s typed columns, pure (Spark's type objects, no session):
   string never share a column; every other BSON type (regex, BSON timestamps, MinKey,
   MaxKey, code, UUIDs and other binary subtypes) always goes to the residual;
 - a field named like Tidemark's own columns (`OWN_PREFIX`), or differing only in case from an
-  earlier field of the same document level or from a column (Delta holds names regardless of
-  case), has no column: its value goes to the residual.
+  earlier field of the same document level, from a column, or from a name that sorts before
+  it in the same run (Delta holds names regardless of case), has no column: its value goes
+  to the residual.
 """
 
 from __future__ import annotations
@@ -45,14 +48,21 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from jobs.curated_zone import OWN_PREFIX
-from jobs.transform.number_columns import column_for, held, stored
+from jobs.transform.field_census import Census, FieldCensus, census, column_names
+from jobs.transform.number_columns import held, stored
 
 BSON_KIND = "tidemark.bson"  # a column's metadata key: the BSON type a string column holds
 OBJECT_ID = "objectId"
 FIRST_INSTANT = datetime(1, 1, 1, tzinfo=UTC)
 LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 NUMBERS = (int, Int64, float, Decimal128)
+_SCALAR_COLUMNS: dict[str | None, DataType] = {
+    "boolean": BooleanType(),
+    "string": StringType(),
+    "objectId": StringType(),  # marked by `_field`
+    "date": TimestampType(),
+    "binary": BinaryType(),
+}
 _ARROW = {
     BooleanType: pa.bool_(),
     LongType: pa.int64(),
@@ -67,96 +77,70 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, NUMBERS) and not isinstance(value, bool)
 
 
-def _kind_of(values: list[Any]) -> DataType | None:
-    """The column type for a field first met with these values (None: no column yet, as for a
-    field only ever null, or whose values have no column type)."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return None
-    first = present[0]
-    if isinstance(first, bool):
-        return BooleanType()
-    if _is_number(first):
-        return column_for([v for v in present if _is_number(v)])
-    if isinstance(first, ObjectId):
-        return StringType()  # marked by `_field`
-    if type(first) is str:  # not Code, a str of its own
-        return StringType()
-    if isinstance(first, datetime):
-        return TimestampType()
-    if type(first) is bytes:  # subtype 0; a UUID or other subtype is a Binary
-        return BinaryType()
-    if isinstance(first, dict):
-        inner = schema_for(StructType([]), [v for v in present if isinstance(v, dict)])
+def _column_type(counted: FieldCensus) -> DataType | None:
+    """The column type of a new field, from its run's values (None: no column yet, as for a
+    field only ever null, or whose values are mostly of a type with no column)."""
+    kind = counted.kind()
+    if kind == "number":
+        return counted.numbers.column()
+    if kind == "document":
+        inner = schema_from(StructType([]), counted.fields)
         return inner if inner.fields else None  # Parquet has no empty struct: no column yet
-    if isinstance(first, list):
-        element = _kind_of([item for v in present if isinstance(v, list) for item in v])
+    if kind == "array":
+        element = None if counted.items is None else _column_type(counted.items)
         return ArrayType(element, True) if element is not None else None  # no element yet
-    return None
+    return _SCALAR_COLUMNS.get(kind)
 
 
-def _field(name: str, values: list[Any]) -> StructField | None:
-    dtype = _kind_of(values)
+def _object_ids(counted: FieldCensus) -> bool:
+    """Whether the column holds ObjectIds (or arrays of them, at any depth)."""
+    kind = counted.kind()
+    if kind == "array" and counted.items is not None:
+        return _object_ids(counted.items)
+    return kind == "objectId"
+
+
+def _field(name: str, counted: FieldCensus) -> StructField | None:
+    dtype = _column_type(counted)
     if dtype is None:
         return None
     # An ObjectId column, or an array (of arrays) of ObjectIds, is marked: the elements'
     # marker lives on the array's field, as they have no field of their own.
-    metadata = {BSON_KIND: OBJECT_ID} if isinstance(_first_scalar(values), ObjectId) else {}
+    metadata = {BSON_KIND: OBJECT_ID} if _object_ids(counted) else {}
     return StructField(name, dtype, True, metadata)
 
 
-def _first_scalar(values: list[Any]) -> Any:
-    for value in values:
-        if isinstance(value, list):
-            found = _first_scalar(value)
-            if found is not None:
-                return found
-        elif value is not None:
-            return value
-    return None
-
-
-def _names(document: dict[str, Any]) -> list[str]:
-    """The fields of one document level that may have columns (see the module docstring)."""
-    taken: set[str] = set()
-    names = []
-    for name in document:
-        if name.lower() in taken:
-            continue
-        taken.add(name.lower())
-        if not name.lower().startswith(OWN_PREFIX):
-            names.append(name)
-    return names
-
-
 def schema_for(existing: StructType, documents: list[dict[str, Any]]) -> StructType:
-    """`existing` with a column for each field the documents bring that it lacks (inside
-    sub-documents too); no existing column changes its type."""
+    """`schema_from` the documents' census."""
+    return schema_from(existing, census(documents))
+
+
+def schema_from(existing: StructType, counted: Census) -> StructType:
+    """`existing` with a column for each field the census counts that it lacks (inside
+    sub-documents too), in name order; no existing column changes its type. A function of
+    the counts alone: the same however a run's documents were ordered or split."""
     fields = {f.name: f for f in existing.fields}
     order = [f.name for f in existing.fields]
-    met: dict[str, list[Any]] = {}
-    for document in documents:
-        for name in _names(document):
-            met.setdefault(name, []).append(document[name])
     lowered = {name.lower() for name in order}
-    for name, values in met.items():
-        old = fields.get(name)
+    for name in sorted(counted):
+        field_census, old = counted[name], fields.get(name)
         if old is None:
             if name.lower() in lowered:
-                continue  # a case twin of a column (of an earlier run or document): residual
+                continue  # a case twin of a column (of an earlier run or this one): residual
             lowered.add(name.lower())
-            new = _field(name, values)
+            new = _field(name, field_census)
             if new is not None:
                 fields[name] = new
                 order.append(name)
         elif isinstance(old.dataType, StructType):
-            inner = [v for v in values if isinstance(v, dict)]
-            fields[name] = StructField(name, schema_for(old.dataType, inner), True, old.metadata)
-        elif isinstance(old.dataType, ArrayType) and isinstance(
-            old.dataType.elementType, StructType
+            inner = schema_from(old.dataType, field_census.fields)
+            fields[name] = StructField(name, inner, True, old.metadata)
+        elif (
+            isinstance(old.dataType, ArrayType)
+            and isinstance(old.dataType.elementType, StructType)
+            and field_census.items is not None
         ):  # an array of sub-documents: their new fields too
-            items = [i for v in values if isinstance(v, list) for i in v if isinstance(i, dict)]
-            element = schema_for(old.dataType.elementType, items)
+            element = schema_from(old.dataType.elementType, field_census.items.fields)
             fields[name] = StructField(name, ArrayType(element, True), True, old.metadata)
     return StructType([fields[name] for name in order])
 
@@ -212,7 +196,7 @@ def place(document: dict[str, Any], schema: StructType) -> tuple[dict[str, Any],
     row: dict[str, Any] = {}
     residual: dict[str, Any] = {}
     columns = {f.name: f for f in schema.fields}
-    named = set(_names(document))
+    named = set(column_names(document))
     for name, value in document.items():
         field = columns.get(name)
         if field is None or name not in named or not _fits(field, value):
