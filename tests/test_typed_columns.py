@@ -1,0 +1,67 @@
+"""The type rule's Arrow bodies (jobs.transform.typed_columns): from canonical Extended JSON,
+the census of a partition is the census of its documents, and each typed row and its residual
+give back the document."""
+
+from __future__ import annotations
+
+import bson
+import bsonjs
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql.types import StructType
+
+from jobs.transform.field_census import census, from_json
+from jobs.transform.type_rule import arrow_type, schema_for
+from jobs.transform.typed_columns import (
+    CENSUS,
+    CODEC,
+    RESIDUAL,
+    census_batches,
+    typed_struct,
+    typed_type,
+)
+from tests.test_type_rule import documents, norm, rebuild
+
+pytestmark = pytest.mark.fast
+
+
+def _texts(batch: list) -> pa.Array:
+    return pa.array(
+        [None if d is None else bsonjs.dumps(bson.encode(d), mode=bsonjs.CANONICAL) for d in batch],
+        pa.string(),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), documents), min_size=1, max_size=6), st.integers(1, 3))
+def test_a_partitions_census_row_is_the_census_of_its_documents(batch, size):
+    texts = _texts(batch)
+    parts = [
+        pa.RecordBatch.from_arrays([texts.slice(i, size)], ["d"])
+        for i in range(0, len(batch), size)
+    ]
+    (row,) = census_batches(iter(parts))
+    (text,) = row.column(CENSUS).to_pylist()
+    assert from_json(text) == census([d for d in batch if d])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(documents, min_size=1, max_size=4),
+    st.lists(st.one_of(st.none(), documents), max_size=4),
+)
+def test_each_typed_row_and_its_residual_give_back_the_document(first, batch):
+    schema = schema_for(StructType([]), first)
+    typed = typed_struct(_texts(batch), schema)
+    assert typed.type == pa.struct([*arrow_type(schema), pa.field(RESIDUAL, pa.string())])
+    assert typed_type(schema).fieldNames() == [f.name for f in typed.type]
+    for document, row in zip(batch, typed.to_pylist(), strict=True):
+        residual_text = row.pop(RESIDUAL)
+        if document is None:
+            assert residual_text is None and not any(v is not None for v in row.values())
+            continue
+        residual = {} if residual_text is None else bson.decode(bsonjs.loads(residual_text), CODEC)
+        kept = {k: v for k, v in row.items() if v is not None}
+        assert norm(rebuild(kept, residual, schema)) == norm(document)
