@@ -81,6 +81,7 @@ TM_KEY = "_tm_key"  # canonical Extended JSON of the document's `{_id}`: the row
 # writes to it re-keys it in place.
 KEY_RULE = {"tidemark.key": "value"}
 TM_DOCUMENT = "_tm_document"  # the whole document, canonical Extended JSON (null: a delete)
+TM_RESIDUAL = "_tm_residual"  # the document's values no typed column holds (transform.type_rule)
 TM_EVENT_ID = "_tm_event_id"  # the event that set the row: its token's `_data`, in event order
 TM_CLUSTER_TIME = "_tm_cluster_time"  # that event's cluster time
 TM_DB = "_tm_db"  # the row's database (`removed`, and a read over several collections)
@@ -106,6 +107,7 @@ CURRENT_META = [
     Column(TM_DOCUMENT, "string", "the whole document, canonical Extended JSON (lossless)"),
     Column(TM_EVENT_ID, "string", "the event that set the row (sorts in event order)"),
     Column(TM_CLUSTER_TIME, "timestamp", "that event's cluster time"),
+    Column(TM_RESIDUAL, "string", "the values no typed column holds, canonical Extended JSON"),
 ]
 # A `changes` table's columns, in the order the change log writes them.
 CHANGES_COLUMNS = [

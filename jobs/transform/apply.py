@@ -36,8 +36,8 @@ from jobs.curated_zone import (
     TM_DELETED,
     TM_DOCUMENT,
     TM_EVENT_ID,
-    TM_JSON,
     TM_KEY,
+    TM_RESIDUAL,
     TM_RUN,
     current_dir,
     ddl,
@@ -53,16 +53,9 @@ from jobs.transform.delta_io import (
     needs_column_mapping,
     table_ref,
 )
-from jobs.transform.doc_columns import (
-    expand,
-    field_columns,
-    flatten_udf,
-    infer_schema,
-    merge_schemas,
-    only_adds,
-    schema_changes,
-    schema_frozen,
-)
+from jobs.transform.doc_columns import schema_changes, schema_frozen
+from jobs.transform.field_census import Census
+from jobs.transform.field_census import merge as merge_census
 from jobs.transform.fold import (
     KEY,
     NAMESPACE_OPERATIONS,
@@ -77,9 +70,12 @@ from jobs.transform.fold import (
     rekeyed_removals,
     tombstones_of,
 )
+from jobs.transform.type_rule import schema_from
+from jobs.transform.typed_columns import run_census, with_typed_columns
 from tidemark.object_path import LakePath
 
-META = names(CURRENT_META)  # what `expand` keeps before a row's document columns
+META = names(CURRENT_META)  # the columns before a row's document columns
+KEPT = [c for c in META if c != TM_RESIDUAL]  # what the fold carries; the residual is made
 AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
 # Up to this many repeated keys in a segment, their winning event ids are broadcast (a few MB);
 # beyond, a window over the whole segment finds them.
@@ -120,6 +116,7 @@ class Fold:
         self.namespaces: list[Namespace] = sorted(known)
         self.result = Folded()
         self.typed_keys: set[Namespace] = set()  # keyed by type, not value (`KEY_RULE`)
+        self.old_layout: set[Namespace] = set()  # typed before `type_rule`: no TM_RESIDUAL
 
     # -- paths and what is on disk -------------------------------------------------------
 
@@ -140,6 +137,8 @@ class Fold:
         schema = self.spark.read.format("delta").load(str(path)).schema
         if not keyed_by_value(schema):
             self.typed_keys.add(ns)
+        if TM_RESIDUAL not in schema.fieldNames():
+            self.old_layout.add(ns)
         return StructType([f for f in schema.fields if f.name not in META])
 
     def _earlier_removals(self) -> DataFrame | None:
@@ -250,19 +249,23 @@ class Fold:
     def _merge_rows(self, ns: Namespace, rows: DataFrame) -> None:
         """MERGE the newest rows of a segment into the collection's `current`."""
         rewrite, merge = self.writer.slot(), self.writer.slot()
-        documents = rows.where(~F.col(TM_DELETED)).select(TM_JSON)
-        schema = self._schema_for(ns, infer_schema(self.spark, documents), rewrite)
-        typed = expand(rows, schema, META)
-        self._merge_current(ns, typed, merge)
+        documents = rows.where(~F.col(TM_DELETED)).select(TM_DOCUMENT)
+        schema = self._schema_for(ns, run_census(documents), rewrite)
+        self._merge_current(ns, with_typed_columns(rows, schema, KEPT), merge)
 
-    def _schema_for(self, ns: Namespace, incoming: StructType, slot: int) -> StructType:
-        """The table's schema merged with `incoming`; a type change rewrites the table in it
-        first (in `slot`)."""
+    def _schema_for(self, ns: Namespace, counted: Census, slot: int) -> StructType:
+        """The table's schema with the columns the census brings (`type_rule`); a table
+        written before the rule (no TM_RESIDUAL) or keyed by type is rewritten in it first
+        (in `slot`), its own documents counted too."""
         old = self._table_schema(ns)
-        merged = field_columns(merge_schemas(old, incoming))
+        upgrade = ns in self.old_layout
+        if upgrade:
+            table = self.spark.read.format("delta").load(str(self._current(ns)))
+            counted = merge_census(run_census(table.select(TM_DOCUMENT)), counted)
+        merged = schema_from(StructType([]) if upgrade else old, counted)
         key = f"{ns[0]}.{ns[1]}"
         changes = schema_changes(old, merged)
-        if self.frozen and old.fields and (changes["added"] or changes["widened"]):
+        if self.frozen and old.fields and not upgrade and changes["added"] + changes["widened"]:
             raise schema_frozen(key, changes)
         if changes["added"] or changes["widened"]:
             report = self.result.schema.setdefault(key, {"added": [], "widened": []})
@@ -270,7 +273,7 @@ class Fold:
             report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
         if is_table(self._current(ns)) and needs_column_mapping(merged) > needs_column_mapping(old):
             self.writer.map_columns(self._current(ns))  # before a name that needs it arrives
-        if not only_adds(old, merged) or ns in self.typed_keys:
+        if upgrade or ns in self.typed_keys:
             self._rewrite(ns, merged, slot)
         self.result.tables[ns] = merged
         return merged
@@ -280,10 +283,10 @@ class Fold:
         table = self.spark.read.format("delta").load(str(path))
         if ns in self.typed_keys:
             table = rekeyed(table, tombstones=tombstones_of(self._earlier_removals(), ns))
-        with_json = table.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
-        typed = marked_by_value(expand(with_json, schema, META))
+        typed = marked_by_value(with_typed_columns(table, schema, KEPT))
         self.writer.overwrite(typed, path, slot)
         self.typed_keys.discard(ns)
+        self.old_layout.discard(ns)
 
     def _merge_current(self, ns: Namespace, typed: DataFrame, slot: int) -> None:
         path = self._current(ns)
@@ -382,15 +385,14 @@ class Fold:
         path = self._current(source)
         if not is_table(path):
             return
-        source_schema = self._table_schema(source)
+        self._table_schema(source)
         rows = (
             self.spark.read.format("delta")
             .load(str(path))
             .where(F.col(TM_EVENT_ID) < F.lit(event.event_id))
-            .select(*META)
+            .select(*KEPT)
         )
         if source in self.typed_keys:
             rows = rekeyed(rows, tombstones=tombstones_of(self._earlier_removals(), source))
-        rows = rows.withColumn(TM_JSON, flatten_udf(F.col(TM_DOCUMENT)))
-        schema = self._schema_for(target, source_schema, rewrite)
-        self._merge_current(target, expand(rows, schema, META), merge)
+        schema = self._schema_for(target, run_census(rows.select(TM_DOCUMENT)), rewrite)
+        self._merge_current(target, with_typed_columns(rows, schema, KEPT), merge)

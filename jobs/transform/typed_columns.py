@@ -10,6 +10,8 @@ document's typed values (`type_rule.place`) as a struct of the schema's columns,
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,12 +20,16 @@ import bsonjs
 import pyarrow as pa
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, StringType, StructField, StructType
 
-from jobs.transform.field_census import census, to_json
+from jobs.curated_zone import TM_DOCUMENT, TM_RESIDUAL
+from jobs.transform.field_census import Census, census, from_json, merge, to_json
 from jobs.transform.type_rule import arrow_type, place, residual_json
+from jobs.transform.udfs import arrow_udf_of
 
-RESIDUAL = "_tm_residual"  # canonical Extended JSON of the fields no column holds, or null
+RESIDUAL = TM_RESIDUAL  # canonical Extended JSON of the fields no column holds, or null
 CENSUS = "census"
 # Dates of any year (out of Python's range as DatetimeMS), UUIDs as the Binary they are.
 CODEC = CodecOptions(
@@ -59,3 +65,45 @@ def typed_struct(documents: pa.Array, schema: StructType) -> pa.StructArray:
     residuals = pa.array([residual_json(rest) for _, rest in placed], pa.string())
     columns = [*rows.flatten(), residuals]
     return pa.StructArray.from_arrays(columns, names=typed_type(schema).fieldNames())
+
+
+def run_census(documents: DataFrame) -> Census:
+    """The census of a frame's documents (its one column, canonical Extended JSON): one
+    `mapInArrow` job, a row per partition, added on the driver."""
+    rows = documents.mapInArrow(census_batches, f"{CENSUS} string").collect()
+    counted: Census = {}
+    for row in rows:
+        counted = merge(counted, from_json(row[CENSUS]))
+    return counted
+
+
+@functools.cache
+def _typed_body(schema_json: str) -> Any:
+    """`typed_struct` for one schema, as the plain function of one Arrow array a UDF needs
+    (made once per schema, so the UDF made of it is too)."""
+    schema = StructType.fromJson(json.loads(schema_json))
+
+    def body(documents: pa.Array) -> pa.Array:
+        return typed_struct(documents, schema)
+
+    return body
+
+
+def _bare(dtype: DataType) -> DataType:
+    """`dtype` without field metadata: what Spark reads from an Arrow UDF's output, and so
+    the return type it must be declared with."""
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, _bare(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_bare(dtype.elementType), True)
+    return dtype
+
+
+def with_typed_columns(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:
+    """The `keep` columns of `rows`, then RESIDUAL and the schema's typed columns, placed
+    from the rows' TM_DOCUMENT (null where it is), each column with its field's metadata."""
+    udf = arrow_udf_of(_typed_body(schema.json()), _bare(typed_type(schema)))
+    typed = rows.select(*keep, udf(F.col(TM_DOCUMENT)).alias("_typed"))
+    columns = typed_type(schema).fields
+    value = F.col("_typed").getField
+    return typed.select(*keep, *(value(f.name).alias(f.name, metadata=f.metadata) for f in columns))
