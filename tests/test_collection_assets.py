@@ -162,13 +162,13 @@ def test_freshness_and_schema_drift_are_checked_per_collection(shop, client, db_
     defs = shop()
     assert defs.resolve_job_def("shop_sync").execute_in_process(instance=instance).success
     db = client[db_name]
-    db.orders.insert_many([{"_id": i, "qty": i} for i in range(4)])
+    db.orders.insert_many([{"_id": i, "qty": i, "box": {"w": i}} for i in range(4)])
     db.customers.insert_many([{"_id": i, "name": "n"} for i in range(2)])
     assert defs.resolve_job_def("shop_sync").execute_in_process(instance=instance).success
     defs = shop(reload=True)
 
     # A drain that is not folded yet: every table trails the raw zone by that batch.
-    db.orders.insert_one({"_id": 9, "qty": "nine"})  # qty: bigint -> string
+    db.orders.insert_one({"_id": 9, "qty": "nine", "box": {"w": 1, "h": 2}})  # box gains h
     assert defs.resolve_job_def("shop_drain").execute_in_process(instance=instance).success
     time.sleep(1)  # past the warn threshold of 0.5 s
     checks = _checks(defs.resolve_job_def("only_checks").execute_in_process(instance=instance))
@@ -182,10 +182,11 @@ def test_freshness_and_schema_drift_are_checked_per_collection(shop, client, db_
     assert checks[(_key(db_name, "customers", "current"), "freshness")].passed
     drift = checks[(_key(db_name, "orders", "current"), "schema_drift")]
     assert not drift.passed and drift.severity == dg.AssetCheckSeverity.WARN
-    assert "qty: bigint -> string" in drift.metadata["schema_changes"].value
+    box = "box: struct<w:bigint> -> struct<w:bigint,h:bigint>"  # "nine" goes to the residual
+    assert box in drift.metadata["schema_changes"].value
     assert checks[(_key(db_name, "customers", "current"), "schema_drift")].passed
     current = _materialized(run)[_key(db_name, "orders", "current")]
-    assert current["fields_changed"] == 1 and "qty: bigint -> string" in current["schema_changes"]
+    assert current["fields_changed"] == 1 and box in current["schema_changes"]
 
     db.orders.insert_one({"_id": 10, "qty": "ten", "note": "x"})  # adds a column
     run = defs.resolve_job_def("shop_sync").execute_in_process(instance=instance)

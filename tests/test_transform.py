@@ -7,12 +7,12 @@ import shutil
 from datetime import timedelta
 
 import pytest
-from bson import Binary, Decimal128, Regex
-from pyspark.sql import functions as F
+from bson import Binary, Decimal128, Int64, ObjectId, Regex
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import CHANGES_COLUMNS, names, removed_dir
 from jobs.transform import read_changes, read_current, transform
+from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.delta_reading import delta_version
 from tests.helpers.lake_reading import delta_log, marked_commits, unrecorded_commits
@@ -26,6 +26,7 @@ from tests.helpers.oracle import (
     source_state,
     typed_columns_differ,
 )
+from tests.helpers.typed_rows import decoded
 from tidemark.errors import StreamInvalidated, TidemarkError
 
 
@@ -91,6 +92,9 @@ def _redeliver(store, lake, stream: str, original: BatchRecord) -> None:
     store.release_lease(lease)
 
 
+OID = ObjectId("6b09b2d07fd6d42aacd7d70a")
+
+
 def test_rerun_and_redelivery_change_nothing(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
@@ -132,16 +136,23 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     coll.update_many({"_id": {"$lt": 20}}, {"$set": {"d": Decimal128("1.50")}})
     coll.update_one({"_id": "t"}, {"$set": {"p.q": 1}})
+    coll.insert_one({"_id": "o", "ref": {"id": OID, "ids": [OID]}})  # nested ObjectIds
     coll.delete_one({"_id": 3})
     drain(stream, raw_client, sqlite_store, lake)
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
 
     current = read_current(spark, sqlite_store, lake, stream.name)
     assert "_tm_json" not in current.columns and "_tm_deleted" not in current.columns
-    assert current.count() == 40
+    assert current.count() == 41
+    ref = current.schema["ref"].dataType
+    assert ref["id"].metadata == ref["ids"].metadata == {BSON_KIND: OBJECT_ID}
+    (row,) = current.where("_tm_key LIKE '%\"o\"%'").collect()
+    assert (row.ref.id, row.ref.ids) == (str(OID), [str(OID)])
+    assert decoded(row._tm_residual) == {"_id": "o"}  # `_id` is a long column here
     assert current_state(current) == source_state(raw_client, db_name, "orders")
     assert typed_columns_differ(current) == []
-    assert {"d", "p", "re", "b", "nested"} <= set(current.columns)
+    assert {"d", "p", "nested"} <= set(current.columns)  # a regex, a UUID: the residual
+    assert not {"re", "b"} & set(current.columns)
     tombstones = [(r._tm_coll, r._tm_key) for r in removed_rows(spark, lake, stream.name)]
     assert tombstones == [("orders", '{ "_id" : { "$numberInt" : "3" } }')]
     changes = read_changes(spark, sqlite_store, lake, stream.name)
@@ -194,35 +205,52 @@ def test_previous_version_is_the_state_before_the_last_run(
         read_current(spark, sqlite_store, lake, stream.name, 1)
 
 
-def test_a_type_change_across_documents_loses_no_value(
+def test_a_type_change_across_documents_loses_no_value_and_rewrites_nothing(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
+    """A field's column keeps the type its first run chose (numbers a run mixes in one wide
+    numeric column); a later value that does not fit it leaves the column null and goes to
+    the row's residual, exactly; no file of the table is rewritten."""
     stream = make_stream()
     drain(stream, raw_client, sqlite_store, lake)
     coll = client[db_name]["orders"]
-    coll.insert_many([{"_id": 1, "v": 5, "w": {"a": 1}}, {"_id": 2, "v": 7, "w": {"a": 2}}])
+    coll.insert_many(
+        [{"_id": 1, "v": 5, "n": 1, "w": {"a": 1}}, {"_id": 2, "v": 7, "n": 2.5, "w": {"a": 2}}]
+    )
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     first = read_current(spark, sqlite_store, lake, stream.name)
-    assert dict(first.dtypes)["v"] == "bigint"
+    assert (dict(first.dtypes)["v"], dict(first.dtypes)["n"]) == ("bigint", "double")
+    files = {r.path for r in _live_files(spark, lake, stream, db_name)}
 
-    coll.insert_many([{"_id": 3, "v": "seven", "w": "flat"}, {"_id": 4, "v": 2.5, "w": [1]}])
+    later = [{"_id": 3, "v": "seven", "w": "flat"}, {"_id": 4, "v": 2.5, "n": 3, "w": [1]}]
+    coll.insert_many([*later, {"_id": 5, "v": Int64(2**40), "w": {"a": 3, "b": True}}])
     drain(stream, raw_client, sqlite_store, lake)
     result = transform(spark, sqlite_store, lake, stream)
-    assert sorted(result.schema["widened"]) == [  # per table: "db.coll.field: from -> to"
-        f"{db_name}.orders.v: bigint -> string",
-        f"{db_name}.orders.w: struct<a:bigint> -> string",
-    ]
+    widened = f"{db_name}.orders.w: struct<a:bigint> -> struct<a:bigint,b:boolean>"
+    assert result.schema == {"added": [], "widened": [widened]}  # only a struct's new field
     current = read_current(spark, sqlite_store, lake, stream.name)
-    assert (dict(current.dtypes)["v"], dict(current.dtypes)["w"]) == ("string", "string")
-    _id = F.get_json_object("_tm_document", "$._id.$numberInt").cast("int")
-    rows = {r[0]: (r.v, r.w) for r in current.select(_id, "v", "w").collect()}
-    assert rows == {
-        1: ("5", '{"a":1}'),
-        2: ("7", '{"a":2}'),
-        3: ("seven", "flat"),
-        4: ("2.5", "[1]"),
+    assert dict(current.dtypes)["v"] == "bigint" and dict(current.dtypes)["n"] == "double"
+    assert files <= {r.path for r in _live_files(spark, lake, stream, db_name)}
+    rows = {
+        int(r._tm_key.split('"')[-2]): (r.v, r.n, r.w and r.w.asDict(), decoded(r._tm_residual))
+        for r in current.select("_tm_key", "v", "n", "w", "_tm_residual").collect()
     }
+    assert rows == {
+        1: (5, 1.0, {"a": 1, "b": None}, {}),
+        2: (7, 2.5, {"a": 2, "b": None}, {}),
+        3: (None, None, None, {"v": "seven", "w": "flat"}),
+        4: (None, 3.0, None, {"v": 2.5, "w": [1]}),
+        5: (2**40, None, {"a": 3, "b": True}, {}),
+    }
+    assert typed_columns_differ(current) == []
+
+
+def _live_files(spark, lake, stream, db_name):
+    from jobs.curated_zone import current_dir
+
+    path = current_dir(lake, stream.name, db_name, "orders")
+    return spark.sql(f"SELECT input_file_name() AS path FROM delta.`{path}`").distinct().collect()
 
 
 def test_a_crash_before_the_commit_leaves_the_previous_version_current(

@@ -101,9 +101,19 @@ def _bare(dtype: DataType) -> DataType:
 
 def with_typed_columns(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:
     """The `keep` columns of `rows`, then RESIDUAL and the schema's typed columns, placed
-    from the rows' TM_DOCUMENT (null where it is), each column with its field's metadata."""
+    from the rows' TM_DOCUMENT (null where it is), each column with its field's metadata
+    (ObjectId markers inside sub-documents too)."""
     udf = arrow_udf_of(_typed_body(schema.json()), _bare(typed_type(schema)))
     typed = rows.select(*keep, udf(F.col(TM_DOCUMENT)).alias("_typed"))
     columns = typed_type(schema).fields
     value = F.col("_typed").getField
-    return typed.select(*keep, *(value(f.name).alias(f.name, metadata=f.metadata) for f in columns))
+    return typed.select(*keep, *(_marked(value(f.name), f) for f in columns))
+
+
+def _marked(column: Any, field: StructField) -> Any:
+    """The UDF's bare `column` with `field`'s metadata back, at every depth: a cast to the
+    same type with its nested markers (Spark keeps a cast's target type whole), and the
+    field's own by alias."""
+    if _bare(field.dataType) != field.dataType:
+        column = column.cast(field.dataType)
+    return column.alias(field.name, metadata=field.metadata)

@@ -12,6 +12,7 @@ import bsonjs
 from bson import Decimal128, ObjectId
 from bson.codec_options import DEFAULT_CODEC_OPTIONS, CodecOptions
 from pymongo import DeleteOne, InsertOne, MongoClient, ReplaceOne, UpdateMany, UpdateOne
+from pyspark.sql.types import StructType
 
 from jobs.transform.identity import identity_key
 
@@ -152,27 +153,21 @@ def current_state(frame) -> dict[str, str]:
 
 
 def typed_columns_differ(frame, schema=None) -> list:
-    """The rows of a `current` frame whose typed columns are not what parsing the plain JSON
-    of their `_tm_document` (`flatten`) in the table's schema gives (`schema`: the document
-    columns' StructType, default the frame's own). [] when every row agrees."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
-
-    from jobs.transform.doc_columns import JSON_OPTIONS, flatten_udf
+    """The rows of a `current` frame whose typed columns and residual do not say what their
+    `_tm_document` says (`typed_rows.disagreements`), as (key, paths); `schema`: the document
+    columns' StructType, default the frame's own. [] when every row agrees."""
+    from tests.helpers.typed_rows import row_disagreements
 
     if schema is None:
         schema = StructType([f for f in frame.schema.fields if not f.name.startswith("_tm_")])
-    fields = list(schema.fields)
-    if not fields:
-        return []
-    parsed = F.from_json(flatten_udf(F.col("_tm_document")), StructType(fields), JSON_OPTIONS)
-    expected = frame.select(
-        "_tm_key", *(parsed.getField(f.name).alias(f"c{i}") for i, f in enumerate(fields))
-    )
-    got = frame.select(
-        "_tm_key", *(frame[f"`{f.name}`"].alias(f"c{i}") for i, f in enumerate(fields))
-    )
-    return got.exceptAll(expected).collect()
+    columns = [f.name for f in schema.fields]
+    wrong = []
+    for row in frame.collect():
+        values = row.asDict(recursive=True)
+        paths = row_disagreements(values, values["_tm_document"], columns, "_tm_residual")
+        if paths:
+            wrong.append((values["_tm_key"], paths))
+    return wrong
 
 
 def removed_rows(spark, lake, stream: str) -> list:
