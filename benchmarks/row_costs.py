@@ -95,15 +95,51 @@ def tree_cpu_seconds() -> float:
     return total
 
 
+def _module(name: str) -> Any:
+    """A module this checkout may not have (None)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _type_rule_steps(canonical: list[str]) -> list[tuple]:
+    """The type rule's per-row work (`typed_columns`), where this checkout has it."""
+    typed = _module("jobs.transform.typed_columns")
+    if typed is None:
+        return [("census / place: the type rule", canonical, None)]
+    from jobs.transform.field_census import census
+    from jobs.transform.type_rule import place, schema_from
+
+    documents = typed.decoded(pa.array(canonical))
+    schema = schema_from(_empty_schema(), census(documents))
+    return [
+        (
+            "decode: canonical Extended JSON -> BSON values",
+            canonical,
+            lambda c: typed.decoded(pa.array([c])),
+        ),
+        ("census: one document counted", documents, lambda d: census([d])),
+        ("place: one document -> typed values + residual", documents, lambda d: place(d, schema)),
+    ]
+
+
+def _empty_schema() -> Any:
+    from pyspark.sql.types import StructType
+
+    return StructType([])
+
+
 def python_steps(raws: list[bytes], canonical: list[str]) -> list[tuple]:
     """(step, rows, seconds) of each function alone, in a plain loop."""
     from jobs.raw_zone import document_json
-    from jobs.transform.extjson import flatten
 
+    flatten = _optional("jobs.transform.extjson", "flatten")
     plain_json = _optional("jobs.transform.extjson", "plain_json")
     fulls = [bytes(RawBSONDocument(r)["fullDocument"].raw) for r in raws]
     rows: list[tuple] = [
         ("document_json: event BSON -> canonical Extended JSON (4 fields)", raws, document_json),
+        *_type_rule_steps(canonical),
         ("flatten: canonical Extended JSON -> plain JSON", canonical, flatten),
         ("plain_json: document BSON -> plain JSON", fulls, plain_json),
         (
@@ -148,20 +184,24 @@ def spark_steps(spark: Any, work: Path, repeats: int) -> list[tuple]:
     `repeats` runs (the first also starts Python workers; the machine is shared)."""
     from pyspark.sql import functions as F
 
-    from jobs.transform import doc_columns
-
+    doc_columns = _module("jobs.transform.doc_columns")
+    typed = _module("jobs.transform.typed_columns")
+    infer = doc_columns and getattr(doc_columns, "infer_schema", None)
     frame = spark.read.parquet(str(work / "input"))
     rows = frame.count()
     raw = frame.select("raw")
     state = frame.drop("raw")
     state_no_json = state.withColumn("_tm_json", F.lit(None).cast("string"))
     documents_udf = getattr(doc_columns, "documents_udf", None)
+    document_json_udf = _optional("jobs.transform.change_log", "document_json_udf") or getattr(
+        doc_columns, "document_json_udf", None
+    )
     variant = F.expr("schema_of_variant_agg(try_parse_json(_tm_json))")
     timed: list[tuple[str, Callable[[], Any] | None]] = [
         ("scan of the raw column alone", lambda: _noop(raw)),
         (
             "document_json_udf: raw -> 4 canonical fields",
-            lambda: _noop(raw.select(doc_columns.document_json_udf(F.col("raw")))),
+            lambda: _noop(raw.select(document_json_udf(F.col("raw")))),
         ),
         (
             "documents_udf: raw -> 4 canonical fields + plain JSON, one pass",
@@ -169,15 +209,26 @@ def spark_steps(spark: Any, work: Path, repeats: int) -> list[tuple]:
         ),
         ("scan of the state columns", lambda: _noop(state)),
         (
-            "with_json: flatten_udf, canonical -> plain JSON",
-            lambda: _noop(doc_columns.with_json(state_no_json)),
+            "run_census: the documents' census (mapInArrow), added on the driver",
+            typed and (lambda: _census(typed, state)),
         ),
-        ("infer_schema over the plain JSON", lambda: _infer(spark, doc_columns, state, work)),
+        (
+            "with_typed_columns: canonical -> typed columns + residual (Arrow UDF)",
+            typed and (lambda: _noop(_typed(typed, state))),
+        ),
+        (
+            "with_json: flatten_udf, canonical -> plain JSON",
+            infer and (lambda: _noop(doc_columns.with_json(state_no_json))),
+        ),
+        (
+            "infer_schema over the plain JSON",
+            infer and (lambda: _infer(spark, doc_columns, state, work)),
+        ),
         (
             "(evaluated) schema_of_variant_agg(try_parse_json) over the plain JSON",
-            lambda: state.select(variant).collect(),
+            infer and (lambda: state.select(variant).collect()),
         ),
-        ("expand: from_json into typed columns", lambda: _expand(doc_columns, state)),
+        ("expand: from_json into typed columns", infer and (lambda: _expand(doc_columns, state))),
     ]
     results = []
     for label, step in timed:
@@ -195,6 +246,18 @@ def spark_steps(spark: Any, work: Path, repeats: int) -> list[tuple]:
 
 
 _SCHEMA: dict[str, Any] = {}
+
+
+def _census(typed: Any, state: Any) -> None:
+    from jobs.transform.type_rule import schema_from
+
+    _SCHEMA["typed"] = schema_from(_empty_schema(), typed.run_census(state.select("_tm_document")))
+
+
+def _typed(typed: Any, state: Any) -> Any:
+    if "typed" not in _SCHEMA:
+        _census(typed, state)
+    return typed.with_typed_columns(state, _SCHEMA["typed"], ["_tm_key"])
 
 
 def _infer(spark: Any, doc_columns: Any, state: Any, work: Path) -> None:
@@ -229,14 +292,14 @@ def _table(title: str, results: list[tuple]) -> list[str]:
 
 def run(args: argparse.Namespace) -> str:
     from jobs.raw_zone import document_json
-    from jobs.transform.extjson import flatten
     from resources.spark import SparkConfig, spark_session, stop_if_created
 
     rng = random.Random(args.seed)
     filler = max(0, int(args.doc_kb * 1024) - 420)
     raws = [insert_event(n, document(rng, n, filler)) for n in range(args.documents)]
     canonical = [document_json(r)[0] for r in raws]
-    plain = [flatten(c) for c in canonical]
+    flatten = _optional("jobs.transform.extjson", "flatten")
+    plain = [flatten(c) if flatten else None for c in canonical]
     size = sum(map(len, raws)) / len(raws)
     lines = _table(
         f"Python, one row at a time ({args.documents:,} insert events of {size:,.0f} bytes)",

@@ -72,7 +72,7 @@ def removed_dir(lake_root: LakePath, stream: str) -> LakePath:
 # -- the tables' columns ----------------------------------------------------------------------
 
 # Every column name of Tidemark's own starts with this; a document field that does is not made
-# a column (`doc_columns.field_columns`), so a document never collides with them.
+# a column (`field_census.column_names`), so a document never collides with them.
 OWN_PREFIX = "_tm_"
 
 TM_KEY = "_tm_key"  # canonical Extended JSON of the document's `{_id}`: the row's key
@@ -87,10 +87,8 @@ TM_CLUSTER_TIME = "_tm_cluster_time"  # that event's cluster time
 TM_DB = "_tm_db"  # the row's database (`removed`, and a read over several collections)
 TM_COLL = "_tm_coll"  # the row's collection (null in `removed`: a database's barrier)
 TM_RUN = "_tm_run"  # the transform run that wrote a `removed` row
-# Beside the change log's rows while a run folds them, never a column of a table: the full
-# document's plain JSON (rendered in the change log's one Python pass, so `current` parses its
-# typed columns from it with no Python of its own), and whether the event removes its document.
-TM_JSON = "_tm_json"
+# Beside a run's keyed events while it folds them, never a column of a table: whether the
+# event removes its document.
 TM_DELETED = "_tm_deleted"
 
 

@@ -2,7 +2,7 @@
 
 The transform's UDFs are Tidemark functions: a Python worker on an executor imports
 `jobs.transform...` to run them. A cluster's workers have the libraries those modules import
-(pandas, pyarrow, python-bsonjs, pymongo's bson, orjson, ...; the README lists them) but not
+(pandas, pyarrow, python-bsonjs, pymongo's bson, ...; the README lists them) but not
 Tidemark, and should not need to: the session adds one zip of Tidemark's packages as a Python
 artifact (`SparkSession.addArtifacts(..., pyfile=True)`), which Spark Connect puts on the
 session's workers' `sys.path`. The zip is named by its content's hash, so a session never runs

@@ -13,17 +13,11 @@ from pathlib import Path
 import bson
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import StringType, StructField, StructType
 
 from jobs import curated_zone
 from jobs.raw_zone import document_json
-from jobs.transform.doc_columns import (
-    document_json_arrays,
-    documents_arrays,
-    field_columns,
-    flatten_arrays,
-)
-from jobs.transform.extjson import flatten
+from jobs.transform.change_log import document_json_arrays
+from jobs.transform.field_census import column_names
 from jobs.transform.fold import id_key, id_key_arrays
 
 pytestmark = pytest.mark.fast
@@ -100,10 +94,6 @@ def test_the_udf_bodies_run_on_pyarrow_arrays_without_spark() -> None:
     raw = pa.array(events, pa.binary())
     canonical = [document_json(e) for e in events]
     assert [tuple(r.values()) for r in document_json_arrays(raw).to_pylist()] == canonical
-    both = [tuple(r.values()) for r in documents_arrays(raw).to_pylist()]
-    assert both == [(*c, flatten(c[0])) for c in canonical]
-    full = [c[0] for c in canonical]
-    assert flatten_arrays(pa.array(full, pa.string())).to_pylist() == [flatten(d) for d in full]
     keys = ['{ "_id" : 1, "shard" : "a" }', None]
     assert id_key_arrays(pa.array(keys, pa.string())).to_pylist() == [id_key(k) for k in keys]
 
@@ -111,5 +101,4 @@ def test_the_udf_bodies_run_on_pyarrow_arrays_without_spark() -> None:
 def test_tidemark_s_own_columns_share_the_prefix_no_document_column_takes() -> None:
     own = [v for k, v in vars(curated_zone).items() if k.startswith("TM_")]
     assert len(own) == 9 and all(name.startswith(curated_zone.OWN_PREFIX) for name in own)
-    fields = [StructField(name, StringType()) for name in [*own, "_TM_KEY", "n"]]
-    assert field_columns(StructType(fields)).fieldNames() == ["n"]
+    assert column_names(dict.fromkeys([*own, "_TM_KEY", "n"], 1)) == ["n"]

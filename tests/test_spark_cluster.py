@@ -49,7 +49,7 @@ from pyspark.sql.types import StringType
 @F.pandas_udf(StringType())
 def where(ids: pd.Series) -> pd.Series:
     try:
-        import jobs.transform.extjson  # Tidemark's own module, as the transform's UDFs are
+        import jobs.transform.type_rule  # Tidemark's own module, as the transform's UDFs are
         found = "tidemark"
     except ImportError as exc:
         found = f"missing: {exc}"

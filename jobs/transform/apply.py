@@ -53,7 +53,6 @@ from jobs.transform.delta_io import (
     needs_column_mapping,
     table_ref,
 )
-from jobs.transform.doc_columns import schema_changes, schema_frozen
 from jobs.transform.field_census import Census
 from jobs.transform.field_census import merge as merge_census
 from jobs.transform.fold import (
@@ -70,7 +69,7 @@ from jobs.transform.fold import (
     rekeyed_removals,
     tombstones_of,
 )
-from jobs.transform.type_rule import schema_from
+from jobs.transform.type_rule import schema_changes, schema_from, schema_frozen
 from jobs.transform.typed_columns import run_census, with_typed_columns
 from tidemark.object_path import LakePath
 

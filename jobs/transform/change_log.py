@@ -15,16 +15,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import bsonjs
+import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs.curated_zone import CHANGES_COLUMNS, TM_JSON, changes_dir, names
-from jobs.raw_zone import DOCUMENT_FIELDS, RAW_SCHEMA
+from jobs.curated_zone import CHANGES_COLUMNS, changes_dir, names
+from jobs.raw_zone import DOCUMENT_FIELDS, RAW_SCHEMA, events_documents
 from jobs.transform.delta_io import CHANGES_PROPERTIES, RunWriter
-from jobs.transform.doc_columns import documents_udf
 from jobs.transform.fold import ID_ONLY
+from jobs.transform.udfs import arrow_udf_of
 from state import BatchRecord, TransformState
 from tidemark.object_path import LakePath
 
@@ -34,6 +37,25 @@ _RAW_COLUMNS = from_arrow_schema(RAW_SCHEMA)
 # of them held in memory ran a 2 GB driver out of it (see also resources.spark's Parquet
 # settings).
 LARGE_EVENT_BYTES = 1 << 20
+DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
+
+
+def document_json_arrays(raw: pa.Array) -> pa.Array:
+    """The events' documents (`DOCUMENT_FIELDS`) as canonical Extended JSON, from the raw
+    zone's BSON bytes: the body of the change log's one Python pass over its events."""
+    columns: list[list[str | None]] = [[] for _ in DOCUMENT_FIELDS]
+    for documents in events_documents(raw):
+        for column, document in zip(columns, documents, strict=True):
+            column.append(
+                None if document is None else bsonjs.dumps(document, mode=bsonjs.CANONICAL)
+            )
+    return pa.StructArray.from_arrays(
+        [pa.array(column, pa.string()) for column in columns], names=list(DOCUMENT_FIELDS)
+    )
+
+
+def document_json_udf(raw: Column | str) -> Column:
+    return arrow_udf_of(document_json_arrays, DOCUMENT_JSON_TYPE)(raw)
 
 
 def large_events(batches: list[BatchRecord]) -> bool:
@@ -101,15 +123,15 @@ def _raw_events(
 
 
 def change_log_rows(raw: DataFrame) -> DataFrame:
-    """Raw events (one row per event id) -> change-log rows and, beside them while the run
-    folds (never written to `changes`), TM_JSON; the documents' JSON, canonical and plain, is
-    made here from `raw`, in one Python pass per event, so `current` parses its typed columns
-    from TM_JSON and runs no Python over a document again."""
+    """Raw events (one row per event id) -> change-log rows; the documents' canonical
+    Extended JSON is made here from `raw`, in one Python pass per event."""
     derived = ("updated_fields", "removed_fields", "date")
     columns = names(CHANGES_COLUMNS)
     envelope = [c for c in columns if c not in (*derived, *DOCUMENT_FIELDS)]
-    documents = [*DOCUMENT_FIELDS, TM_JSON]
-    with_documents = raw.select(*envelope, documents_udf(F.col("raw")).alias("_documents")).select(
+    documents = DOCUMENT_FIELDS
+    with_documents = raw.select(
+        *envelope, document_json_udf(F.col("raw")).alias("_documents")
+    ).select(
         *envelope,
         # Cast: over Spark Connect a UDF's string comes back typed `string collate
         # UTF8_BINARY`, which Delta then writes into the table's schema and which readers
@@ -119,7 +141,6 @@ def change_log_rows(raw: DataFrame) -> DataFrame:
     update = F.col("update_description")
     return with_documents.select(
         *[c for c in columns if c not in derived],
-        TM_JSON,
         F.get_json_object(update, "$.updatedFields").alias("updated_fields"),
         F.from_json(update, "struct<removedFields: array<string>>")
         .getField("removedFields")
@@ -212,7 +233,7 @@ def log_new_events(
     for db, coll in namespaces:
         rows = events.where(
             F.col("db").eqNullSafe(F.lit(db)) & F.col("coll").eqNullSafe(F.lit(coll))
-        ).drop(TM_JSON)
+        )
         path = changes_dir(lake_root, stream, db, coll)
         writer.create(rows, path, CHANGES_PROPERTIES, writer.slot(), partition_by=["date"])
     assert census.first is not None and census.last is not None

@@ -46,7 +46,6 @@ from jobs.curated_zone import (
     TM_DELETED,
     TM_DOCUMENT,
     TM_EVENT_ID,
-    TM_JSON,
     TM_KEY,
 )
 from jobs.raw_zone import SNAPSHOT, SNAPSHOT_START
@@ -75,7 +74,6 @@ class EventFacts:
     """What a run knows of its events without reading them (the batches' manifest, the change
     log's census) and so need not look for. The defaults know nothing: always right, slower."""
 
-    plain_json: bool = False  # every event row carries its document's plain JSON (TM_JSON)
     namespace_events: bool = True  # a namespace event may be among them
     other_keys: bool = True  # a documentKey may be other than `{_id}` of an int, long or oid
     deletes: bool = True  # a delete may be among them
@@ -208,12 +206,10 @@ def with_canonical_key(rows: DataFrame, other_keys: bool = True) -> DataFrame:
 
 
 def keyed_events(events: DataFrame, facts: EventFacts | None = None) -> DataFrame:
-    """Events that set or remove one document, in the state's column names (TM_DOCUMENT and
-    TM_JSON null on a delete). TM_JSON is the change log's plain JSON of the document when the
-    events carry it (null otherwise: the caller derives it from TM_DOCUMENT)."""
+    """Events that set or remove one document, in the state's column names (TM_DOCUMENT null
+    on a delete)."""
     facts = facts or EventFacts()
     op = F.col("operation_type")
-    plain = F.col(TM_JSON) if TM_JSON in events.columns else F.lit(None).cast("string")
     rows = events.where(
         op.isin(KEY_OPERATIONS)
         & F.col("document_key").isNotNull()
@@ -226,7 +222,6 @@ def keyed_events(events: DataFrame, facts: EventFacts | None = None) -> DataFram
         F.when(op != "delete", F.col("full_document")).alias(TM_DOCUMENT),
         F.col("event_id").alias(TM_EVENT_ID),
         F.col("cluster_time").alias(TM_CLUSTER_TIME),
-        F.when(op != "delete", plain).alias(TM_JSON),
         (op == "delete").alias(TM_DELETED),
     )
 

@@ -245,7 +245,6 @@ def _fold(
 ) -> Folded:
     known = [(t.db, t.coll) for t in tstate.tables(stream.name) if t.kind == "current"]
     facts = EventFacts(
-        plain_json=True,
         namespace_events=may_hold(batches, NAMESPACE_OPERATIONS),
         other_keys=new.other_keys,
         deletes=may_hold(batches, ["delete"]),

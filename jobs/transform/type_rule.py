@@ -50,6 +50,7 @@ from pyspark.sql.types import (
 
 from jobs.transform.field_census import Census, FieldCensus, census, column_names
 from jobs.transform.number_columns import held, stored
+from tidemark.errors import SchemaFrozen
 
 BSON_KIND = "tidemark.bson"  # a column's metadata key: the BSON type a string column holds
 OBJECT_ID = "objectId"
@@ -237,3 +238,29 @@ def typed_rows(documents: list[dict[str, Any]], schema: StructType) -> tuple[pa.
     rows = pa.array([row for row, _ in placed], arrow_type(schema))
     residuals = pa.array([residual_json(rest) for _, rest in placed], pa.string())
     return rows, residuals
+
+
+def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
+    """What a run did to a table's columns, for run metadata: top-level columns added, and
+    columns whose type grew (a struct that gained a field; no type changes otherwise)."""
+    before = {f.name: f.dataType for f in old.fields}
+    added = [f.name for f in new.fields if f.name not in before]
+    widened = [
+        f"{f.name}: {before[f.name].simpleString()} -> {f.dataType.simpleString()}"
+        for f in new.fields
+        if f.name in before and before[f.name] != f.dataType
+    ]
+    return {"added": added, "widened": widened}
+
+
+def schema_frozen(collection: str, changes: dict[str, list[str]]) -> SchemaFrozen:
+    """The error of a stream with `schema: freeze` whose documents made `changes`."""
+    return SchemaFrozen(
+        f"Collection {collection}'s documents changed its `current` table's schema (columns "
+        f"added: {', '.join(changes['added']) or 'none'}; changed: "
+        f"{'; '.join(changes['widened']) or 'none'}), and its stream has "
+        "`schema: freeze`. This run committed nothing to `current` or the state store, "
+        "and the stream's transforms stop at these events: each tries them again.",
+        "Set `schema: evolve` on the stream to take the change (new fields get columns by "
+        "the README's type rule); the next transform then folds them.",
+    )
