@@ -2,7 +2,7 @@
 
 `transform` runs one stream's transform (`run`): the change log (`change_log`), then the fold
 into `current` (`apply`, by the rules in `fold`), every Delta commit made once (`delta_io`).
-Document fields become typed columns in `doc_columns` (their plain JSON from `extjson`); the
+Documents become typed columns plus a residual by `type_rule` (run in `typed_columns`); the
 Arrow UDFs are made on first use (`udfs`), and `python_daemon` starts Spark's Python workers
 with these modules imported. `compact` is Delta's OPTIMIZE and purge, `vacuum` its VACUUM.
 `read_current` and `read_changes` read the tables (`readers`); their columns and paths are

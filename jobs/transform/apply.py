@@ -12,11 +12,10 @@ readers of `current` never filter anything, and a late older event still finds w
 its document. Its rows name the run that wrote them: a repeat of a killed run reads only what
 earlier runs removed, exactly as the first attempt did, so it plans the same commits.
 
-Document fields are typed by Spark's JSON inference, merged with the table's schema: a new
-field adds a column (Delta schema evolution); a field whose type changes becomes a string
-column, and the table is rewritten in that schema first (`doc_columns.merge_types`), so no
-reader sees a value reinterpreted; a table keyed by type (`KEY_RULE`) is re-keyed there.
-"""
+Documents are typed by `type_rule` from each segment's census (`typed_columns`): a new field
+adds a column (Delta schema evolution); a value that does not fit its column goes to the
+residual, so no table is rewritten for a type. A table written before that layout, or keyed
+by type (`KEY_RULE`), is rewritten once (`_rewrite`)."""
 
 from __future__ import annotations
 
