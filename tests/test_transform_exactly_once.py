@@ -167,7 +167,7 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
     coll.update_many({"_id": {"$lt": 5}}, {"$set": {"v": 1}})
     drain(stream, raw_client, sqlite_store, lake)
 
-    real_expand = transform_module.expand
+    real_typing = transform_module.with_typed_columns
     taken_over = []
     after: dict[str, str] = {}
 
@@ -184,9 +184,9 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
             result = transform(spark, sqlite_store, lake, stream)
             assert (result.version, result.repeated, result.batches) == (3, True, 2)
             after.update(source_state(raw_client, db_name, "orders"))
-        return real_expand(*args)
+        return real_typing(*args)
 
-    monkeypatch.setattr(transform_module, "expand", slow_phase)
+    monkeypatch.setattr(transform_module, "with_typed_columns", slow_phase)
     with pytest.raises(LeaseLost):
         transform(spark, sqlite_store, lake, stream)
     monkeypatch.undo()

@@ -22,6 +22,7 @@ from jobs.transform.typed_columns import (
     typed_struct,
     typed_type,
 )
+from tests.helpers.typed_rows import row_disagreements
 from tests.test_type_rule import documents, norm, rebuild
 
 pytestmark = pytest.mark.fast
@@ -65,3 +66,21 @@ def test_each_typed_row_and_its_residual_give_back_the_document(first, batch):
         residual = {} if residual_text is None else bson.decode(bsonjs.loads(residual_text), CODEC)
         kept = {k: v for k, v in row.items() if v is not None}
         assert norm(rebuild(kept, residual, schema)) == norm(document)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(documents, min_size=1, max_size=4), st.lists(documents, min_size=1, max_size=4))
+def test_the_oracles_row_check_passes_typed_rows_and_fails_a_wrong_or_lost_value(first, batch):
+    """`tests.helpers.typed_rows` (what the torture and oracle tests hold `current` to) finds
+    nothing in the fold's rows, and finds a typed value changed or a residual dropped."""
+    schema = schema_for(StructType([]), first)
+    texts = _texts(batch)
+    columns = schema.fieldNames()
+    for text, row in zip(texts.to_pylist(), typed_struct(texts, schema).to_pylist(), strict=True):
+        assert row_disagreements(row, text, columns, RESIDUAL) == []
+        if row[RESIDUAL] is not None:
+            assert row_disagreements({**row, RESIDUAL: None}, text, columns, RESIDUAL)
+        scalar = [c for c in columns if isinstance(row[c], bool | int | str)]
+        if scalar:
+            wrong = {**row, scalar[0]: [row[scalar[0]]]}
+            assert row_disagreements(wrong, text, columns, RESIDUAL)

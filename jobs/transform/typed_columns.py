@@ -111,9 +111,9 @@ def with_typed_columns(rows: DataFrame, schema: StructType, keep: list[str]) -> 
 
 
 def _marked(column: Any, field: StructField) -> Any:
-    """The UDF's bare `column` with `field`'s metadata back, at every depth: a cast to the
-    same type with its nested markers (Spark keeps a cast's target type whole), and the
-    field's own by alias."""
-    if _bare(field.dataType) != field.dataType:
-        column = column.cast(field.dataType)
-    return column.alias(field.name, metadata=field.metadata)
+    """The UDF's bare `column` as `field`: a cast to its type, which brings back the ObjectId
+    markers at every depth (Spark keeps a cast's target type whole) and makes a string the
+    plain `string` (over Spark Connect a UDF's strings come typed `string collate
+    UTF8_BINARY`, which Delta would write into the schema and delta-rs and DuckDB refuse);
+    the field's own metadata by alias."""
+    return column.cast(field.dataType).alias(field.name, metadata=field.metadata)

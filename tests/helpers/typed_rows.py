@@ -61,13 +61,21 @@ def same_value(original: Any, typed: Any) -> bool:
         return isinstance(typed, dict) and not disagreements(original, typed, {})
     number = _number(original)
     if number is not None:
-        return _number(typed) == number or (number.is_nan() and _number(typed).is_nan())
+        got = _number(typed)
+        return got is not None and (got.is_nan() if number.is_nan() else got == number)
     return type(original) is type(typed) and original == typed
 
 
+def identical(original: Any, rest: Any) -> bool:
+    """The same BSON value: type, field order and NaN bits included."""
+    return bson.encode({"v": original}, codec_options=CODEC) == bson.encode(
+        {"v": rest}, codec_options=CODEC
+    )
+
+
 def disagreements(document: dict, typed: dict, residual: dict, path: str = "") -> list[str]:
-    """The paths where the typed values (`typed`, by column name, null where absent) and
-    the residual do not say what the document says. [] when they agree."""
+    """The paths where the typed values (`typed`: a level's columns by name, null where
+    absent) and the residual do not say what the document says. [] when they agree."""
     wrong: list[str] = []
     for name in set(document) | set(typed) | set(residual):
         where = f"{path}{name}"
@@ -80,11 +88,14 @@ def disagreements(document: dict, typed: dict, residual: dict, path: str = "") -
             inner = rest if isinstance(rest, dict) else {}
             wrong += disagreements(original, value, inner, f"{where}.")
         elif rest is not _MISSING:
-            exact = type(original) is type(rest) and same_value(original, rest)
-            if value is not None or not exact:
+            if value is not None or not identical(original, rest):
                 wrong.append(f"{where}: residual {rest!r}, typed {value!r}, document {original!r}")
-        elif not (original is None and value is None) and not same_value(original, value):
+        elif name not in typed:
+            wrong.append(f"{where}: no column and not in the residual: {original!r}")
+        elif original is not None and not same_value(original, value):
             wrong.append(f"{where}: typed {value!r}, document {original!r}")
+        elif original is None and value is not None:
+            wrong.append(f"{where}: typed {value!r}, document null")
     return wrong
 
 

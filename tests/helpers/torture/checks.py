@@ -10,6 +10,7 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from jobs.curated_zone import OWN_PREFIX, TM_RESIDUAL
 from state import StateStore, TransformState
 from tests.helpers.delta_reading import current_tables, query
 from tests.helpers.lake_reading import read_parquet
@@ -17,6 +18,7 @@ from tests.helpers.oracle import canonical, current_key
 from tests.helpers.torture.config import SNAPSHOT_OPS
 from tests.helpers.torture.reference import Ref, covers, python_fold, reference_events
 from tests.helpers.torture.scheduler import FOLD_STREAMS, Sample, Torture
+from tests.helpers.typed_rows import row_disagreements
 from tidemark.config import StreamConfig
 from tidemark.object_path import LakePath
 from tidemark.tokens import (
@@ -153,16 +155,21 @@ class Oracle:
     ) -> None:
         t = self.t
         # Each collection's `current` as any Delta reader sees it (`deltalake`, no Tidemark
-        # code): its rows are the live documents, with no rule to apply.
+        # code): its rows are the live documents, with no rule to apply, and each row's typed
+        # columns and residual say what its document says.
         got: dict[tuple[str, str, str], str] = {}
         problems = []
         for (db, coll), path in current_tables(t.store, t.lake, name).items():
-            rows = query(path, "SELECT _tm_key, _tm_document FROM t")
+            rows = query(path, "SELECT * FROM t")
             for r in rows:
                 key = (db, coll, r["_tm_key"])
                 if key in got:
                     problems.append(f"key twice in {path}: {key}")
                 got[key] = r["_tm_document"]
+                typed = [c for c in r if not c.startswith(OWN_PREFIX)]
+                wrong = row_disagreements(r, r["_tm_document"], typed, TM_RESIDUAL)
+                if wrong:
+                    problems.append(f"{key}'s typed columns: {'; '.join(wrong[:2])}")
         if name in FOLD_STREAMS:
             want, unsure = python_fold(expected, stream.database, stream.collection)
             note = (
