@@ -11,7 +11,8 @@ from bson import Binary, Decimal128, Int64, ObjectId, Regex
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import CHANGES_COLUMNS, names, removed_dir
-from jobs.transform import read_changes, read_current, transform
+from jobs.transform import read_changes, read_current, stored_schema, transform
+from jobs.transform.stored_schema import OBJECT_ID_PATHS
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
 from tests.helpers.delta_reading import delta_version
@@ -144,7 +145,8 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     current = read_current(spark, sqlite_store, lake, stream.name)
     assert "_tm_json" not in current.columns and "_tm_deleted" not in current.columns
     assert current.count() == 41
-    ref = current.schema["ref"].dataType
+    assert current.schema["ref"].metadata == {OBJECT_ID_PATHS: [["id"], ["ids"]]}
+    ref = stored_schema.read(current.schema)["ref"].dataType
     assert ref["id"].metadata == ref["ids"].metadata == {BSON_KIND: OBJECT_ID}
     (row,) = current.where("_tm_key LIKE '%\"o\"%'").collect()
     assert (row.ref.id, row.ref.ids) == (str(OID), [str(OID)])

@@ -43,6 +43,7 @@ from jobs.curated_zone import (
     names,
     removed_dir,
 )
+from jobs.transform import stored_schema
 from jobs.transform.change_log import held
 from jobs.transform.delta_io import (
     REMOVED_PROPERTIES,
@@ -137,7 +138,7 @@ class Fold:
             self.typed_keys.add(ns)
         if TM_RESIDUAL not in schema.fieldNames():
             self.old_layout.add(ns)
-        return StructType([f for f in schema.fields if f.name not in META])
+        return stored_schema.read(StructType([f for f in schema.fields if f.name not in META]))
 
     def _earlier_removals(self) -> DataFrame | None:
         """`removed` as earlier runs left it (see the module docstring)."""

@@ -26,6 +26,7 @@ from pyspark.sql.types import ArrayType, DataType, StringType, StructField, Stru
 
 from jobs.curated_zone import TM_DOCUMENT, TM_RESIDUAL
 from jobs.transform.field_census import Census, census, from_json, merge, to_json
+from jobs.transform.stored_schema import ddl, stored_metadata
 from jobs.transform.type_rule import arrow_type, place, residual_json
 from jobs.transform.udfs import arrow_udf_of
 
@@ -102,7 +103,7 @@ def _bare(dtype: DataType) -> DataType:
 def with_typed_columns(rows: DataFrame, schema: StructType, keep: list[str]) -> DataFrame:
     """The `keep` columns of `rows`, then RESIDUAL and the schema's typed columns, placed
     from the rows' TM_DOCUMENT (null where it is), each column with its field's metadata
-    (ObjectId markers inside sub-documents too)."""
+    (ObjectId markers inside sub-documents too, as `stored_schema` keeps them)."""
     udf = arrow_udf_of(_typed_body(schema.json()), _bare(typed_type(schema)))
     typed = rows.select(*keep, udf(F.col(TM_DOCUMENT)).alias("_typed"))
     columns = typed_type(schema).fields
@@ -111,9 +112,6 @@ def with_typed_columns(rows: DataFrame, schema: StructType, keep: list[str]) -> 
 
 
 def _marked(column: Any, field: StructField) -> Any:
-    """The UDF's bare `column` as `field`: a cast to its type, which brings back the ObjectId
-    markers at every depth (Spark keeps a cast's target type whole) and makes a string the
-    plain `string` (over Spark Connect a UDF's strings come typed `string collate
-    UTF8_BINARY`, which Delta would write into the schema and delta-rs and DuckDB refuse);
-    the field's own metadata by alias."""
-    return column.cast(field.dataType).alias(field.name, metadata=field.metadata)
+    """The UDF's bare `column` as `current` stores `field` (`stored_schema`): a cast to its
+    DDL type (the plain `string` over Spark Connect too), the markers by alias."""
+    return column.cast(ddl(field.dataType)).alias(field.name, metadata=stored_metadata(field))

@@ -1,0 +1,82 @@
+"""The type rule's schema as `current` stores it in Delta, and back (issue 38).
+
+Two things of Spark Connect shape how the typed columns are written:
+
+- a cast to a type object sends each string with its collation, and the server then types the
+  column `string collate UTF8_BINARY`, which Delta writes into the table's schema and which
+  delta-rs and DuckDB refuse to read; a cast to a DDL text (`ddl`) gives the plain `string`;
+- so field metadata can be given only where an alias gives it, on a top-level column. The
+  type rule marks ObjectId fields at any depth (`type_rule.BSON_KIND`); a top-level column
+  stores the paths of its marked sub-fields in its own metadata (`OBJECT_ID_PATHS`), and
+  `read` puts the markers back where the rule expects them.
+
+Pure: Spark's type objects only.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import ArrayType, DataType, DecimalType, StructField, StructType
+
+from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
+
+# A top-level column's metadata: the paths (lists of field names) of its marked sub-fields.
+OBJECT_ID_PATHS = "tidemark.bson.paths"
+
+
+def ddl(dtype: DataType) -> str:
+    """`dtype` as a Spark DDL type, every field name quoted."""
+    if isinstance(dtype, StructType):
+        fields = (f"`{f.name.replace('`', '``')}`: {ddl(f.dataType)}" for f in dtype.fields)
+        return f"struct<{', '.join(fields)}>"
+    if isinstance(dtype, ArrayType):
+        return f"array<{ddl(dtype.elementType)}>"
+    if isinstance(dtype, DecimalType):
+        return f"decimal({dtype.precision}, {dtype.scale})"
+    return dtype.simpleString()
+
+
+def _marked(dtype: DataType, path: list[str]) -> list[list[str]]:
+    if isinstance(dtype, ArrayType):
+        return _marked(dtype.elementType, path)
+    if not isinstance(dtype, StructType):
+        return []
+    found = []
+    for f in dtype.fields:
+        if BSON_KIND in f.metadata:
+            found.append([*path, f.name])
+        found += _marked(f.dataType, [*path, f.name])
+    return found
+
+
+def stored_metadata(field: StructField) -> dict:
+    """A top-level column's metadata as `current` stores it: its own, plus the paths of its
+    marked sub-fields."""
+    paths = _marked(field.dataType, [])
+    return {**field.metadata, OBJECT_ID_PATHS: paths} if paths else dict(field.metadata)
+
+
+def _mark(dtype: DataType, path: list[str]) -> DataType:
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_mark(dtype.elementType, path), dtype.containsNull)
+    if not isinstance(dtype, StructType) or not path:
+        return dtype
+    fields = []
+    for f in dtype.fields:
+        if f.name == path[0]:
+            inner = _mark(f.dataType, path[1:])
+            own = {**f.metadata, BSON_KIND: OBJECT_ID} if len(path) == 1 else f.metadata
+            f = StructField(f.name, inner, f.nullable, own)
+        fields.append(f)
+    return StructType(fields)
+
+
+def read(schema: StructType) -> StructType:
+    """A schema read from `current` with its stored markers back on their sub-fields."""
+    fields = []
+    for f in schema.fields:
+        metadata = dict(f.metadata)
+        dtype = f.dataType
+        for path in metadata.pop(OBJECT_ID_PATHS, []):
+            dtype = _mark(dtype, path)
+        fields.append(StructField(f.name, dtype, f.nullable, metadata))
+    return StructType(fields)
