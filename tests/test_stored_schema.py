@@ -48,7 +48,7 @@ def test_a_nested_marker_is_a_path_and_odd_names_are_quoted():
     many = StructField("ids", ArrayType(StringType()), True, {BSON_KIND: OBJECT_ID})
     inner = StructType([oid, many, StructField("d", DecimalType(38, 2))])
     schema = StructType([StructField("r", ArrayType(inner)), StructField("n", LongType())])
-    assert stored_metadata(schema["r"]) == {OBJECT_ID_PATHS: [["a b`c"], ["ids"]]}
+    assert stored_metadata(schema["r"]) == {OBJECT_ID_PATHS: ['["a b`c"]', '["ids"]']}
     assert stored_metadata(schema["n"]) == {}
     assert ddl(schema["r"].dataType) == (
         "array<struct<`a b``c`: string, `ids`: array<string>, `d`: decimal(38, 2)>>"

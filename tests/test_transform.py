@@ -145,7 +145,7 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     current = read_current(spark, sqlite_store, lake, stream.name)
     assert "_tm_json" not in current.columns and "_tm_deleted" not in current.columns
     assert current.count() == 41
-    assert current.schema["ref"].metadata == {OBJECT_ID_PATHS: [["id"], ["ids"]]}
+    assert current.schema["ref"].metadata == {OBJECT_ID_PATHS: ['["id"]', '["ids"]']}
     ref = stored_schema.read(current.schema)["ref"].dataType
     assert ref["id"].metadata == ref["ids"].metadata == {BSON_KIND: OBJECT_ID}
     (row,) = current.where("_tm_key LIKE '%\"o\"%'").collect()

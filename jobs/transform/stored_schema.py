@@ -15,11 +15,14 @@ Pure: Spark's type objects only.
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql.types import ArrayType, DataType, DecimalType, StructField, StructType
 
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 
-# A top-level column's metadata: the paths (lists of field names) of its marked sub-fields.
+# A top-level column's metadata: the paths of its marked sub-fields, each a JSON list of field
+# names (Spark's metadata holds lists of strings, not lists of lists; a name may hold a dot).
 OBJECT_ID_PATHS = "tidemark.bson.paths"
 
 
@@ -51,7 +54,7 @@ def _marked(dtype: DataType, path: list[str]) -> list[list[str]]:
 def stored_metadata(field: StructField) -> dict:
     """A top-level column's metadata as `current` stores it: its own, plus the paths of its
     marked sub-fields."""
-    paths = _marked(field.dataType, [])
+    paths = [json.dumps(path) for path in _marked(field.dataType, [])]
     return {**field.metadata, OBJECT_ID_PATHS: paths} if paths else dict(field.metadata)
 
 
@@ -77,6 +80,6 @@ def read(schema: StructType) -> StructType:
         metadata = dict(f.metadata)
         dtype = f.dataType
         for path in metadata.pop(OBJECT_ID_PATHS, []):
-            dtype = _mark(dtype, path)
+            dtype = _mark(dtype, json.loads(path))
         fields.append(StructField(f.name, dtype, f.nullable, metadata))
     return StructType(fields)
