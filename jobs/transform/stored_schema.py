@@ -19,6 +19,7 @@ import json
 
 from pyspark.sql.types import ArrayType, DataType, DecimalType, StructField, StructType
 
+from jobs.transform.delta_io import quoted
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 
 # A top-level column's metadata: the paths of its marked sub-fields, each a JSON list of field
@@ -29,7 +30,7 @@ OBJECT_ID_PATHS = "tidemark.bson.paths"
 def ddl(dtype: DataType) -> str:
     """`dtype` as a Spark DDL type, every field name quoted."""
     if isinstance(dtype, StructType):
-        fields = (f"`{f.name.replace('`', '``')}`: {ddl(f.dataType)}" for f in dtype.fields)
+        fields = (f"{quoted(f.name)}: {ddl(f.dataType)}" for f in dtype.fields)
         return f"struct<{', '.join(fields)}>"
     if isinstance(dtype, ArrayType):
         return f"array<{ddl(dtype.elementType)}>"
