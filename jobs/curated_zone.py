@@ -80,7 +80,10 @@ TM_KEY = "_tm_key"  # canonical Extended JSON of the document's `{_id}`: the row
 # NumberLong(1) one key). A table without it was written before that rule: the first run that
 # writes to it re-keys it in place.
 KEY_RULE = {"tidemark.key": "value"}
-TM_DOCUMENT = "_tm_document"  # the whole document, canonical Extended JSON (null: a delete)
+# The whole document, canonical Extended JSON (null: a delete): a keyed event's, while a run
+# folds it, and the exact document `readers.exact_documents` joins to a row from `changes`.
+# Not a column of `current` (a table written before issue 38 has it until its next run).
+TM_DOCUMENT = "_tm_document"
 TM_RESIDUAL = "_tm_residual"  # the document's values no typed column holds (transform.type_rule)
 TM_EVENT_ID = "_tm_event_id"  # the event that set the row: its token's `_data`, in event order
 TM_CLUSTER_TIME = "_tm_cluster_time"  # that event's cluster time
@@ -102,7 +105,6 @@ class Column:
 # The columns every `current` table has before its document columns, in this order.
 CURRENT_META = [
     Column(TM_KEY, "string", "canonical Extended JSON of {_id}: the row's key"),
-    Column(TM_DOCUMENT, "string", "the whole document, canonical Extended JSON (lossless)"),
     Column(TM_EVENT_ID, "string", "the event that set the row (sorts in event order)"),
     Column(TM_CLUSTER_TIME, "timestamp", "that event's cluster time"),
     Column(TM_RESIDUAL, "string", "the values no typed column holds, canonical Extended JSON"),

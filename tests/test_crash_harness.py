@@ -22,7 +22,7 @@ import pytest
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
-from jobs.transform import compact, read_current, transform
+from jobs.transform import compact, exact_documents, transform
 from state import TransformState
 from tests.helpers.delta_reading import (
     changes_event_ids,
@@ -176,7 +176,7 @@ def test_kills_at_every_point_lose_nothing_and_duplicate_nothing(
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     want = source_state(raw_client, db_name, "orders")
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == want
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == want
     (path,) = current_tables(sqlite_store, lake, stream.name).values()
     assert current_documents(path) == want  # any Delta reader, at the newest version
     for table in TransformState(sqlite_store).tables(stream.name):
@@ -184,7 +184,7 @@ def test_kills_at_every_point_lose_nothing_and_duplicate_nothing(
     # What the dead runs left goes: raw files no batch lists, files no kept version uses.
     collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     compact(spark, sqlite_store, lake, stream)
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == want
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == want
     assert current_documents(path) == want
     (table,) = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "current"]
     assert table.delta_version == delta_version(path)  # the compaction's OPTIMIZE, recorded

@@ -8,7 +8,7 @@ import pytest
 from bson import Int64
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import compact, read_current, transform
+from jobs.transform import compact, exact_documents, read_current, transform
 from jobs.transform.delta_io import RunWriter
 from resources.mongo import cluster_time
 from state import TransformState
@@ -98,7 +98,7 @@ def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     result = transform(spark, sqlite_store, lake, stream)
     assert (result.version, result.kind) == (2, "merge")
-    rows = read_current(spark, sqlite_store, lake, stream.name)
+    rows = exact_documents(spark, sqlite_store, lake, stream.name)
     got = current_state(rows)  # fails on a key held twice
     assert got == source_state(raw_client, db_name, "b")
     assert {r._tm_coll for r in rows.collect()} == {"b"}  # nothing left in a
@@ -150,7 +150,7 @@ def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and
             result = transform(spark, sqlite_store, lake, stream)
             assert result.kind == "merge"
         assert result.version is not None
-        frame = read_current(spark, sqlite_store, lake, stream.name)
+        frame = exact_documents(spark, sqlite_store, lake, stream.name)
         recorded[result.version] = _snapshot_rows(frame)
         source = source_state(raw_client, db_name, "orders")
         assert current_state(frame) == {k: v for k, v in source.items() if k not in unseen}
@@ -185,7 +185,7 @@ def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and
     tstate = TransformState(sqlite_store)
     assert len(tstate.versions(stream.name)) == min(keep, len(recorded))
     for v in tstate.versions(stream.name):
-        frame = read_current(spark, sqlite_store, lake, stream.name, v.version)
+        frame = exact_documents(spark, sqlite_store, lake, stream.name, v.version)
         assert _snapshot_rows(frame) == recorded[v.version], f"version {v.version}"
         assert frame.count() == v.rows, f"version {v.version}: rows {v.rows}"
         (table,) = [t for t in tstate.tables(stream.name, v.version) if t.kind == "current"]
@@ -214,7 +214,7 @@ def test_document_fields_named_like_the_folds_helper_columns_survive_merges_and_
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
 
     def columns() -> dict:
-        frame = read_current(spark, sqlite_store, lake, stream.name)
+        frame = exact_documents(spark, sqlite_store, lake, stream.name)
         rows = sorted(frame.collect(), key=lambda r: r._tm_key)
         assert current_state(frame) == source_state(raw_client, db_name, "orders")
         named = [n for n in HELPER_NAMES if not n.startswith("_tm_")]  # `_tm_*` stay inside
@@ -244,7 +244,7 @@ def test_a_run_of_late_events_that_all_lose_reads_back_and_counts(
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     result = transform(spark, sqlite_store, lake, stream)
     assert (result.version, result.kind, result.changes_added) == (2, "merge", 2)
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
     _rows_match(spark, sqlite_store, lake, stream)
@@ -289,7 +289,7 @@ def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event
         changes = read_changes(spark, sqlite_store, lake, stream.name)
         assert changes.count() == drained
         assert changes.select("event_id").distinct().count() == drained
-        assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == (
+        assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == (
             source_state(raw_client, db_name, "orders")
         )
         _rows_match(spark, sqlite_store, lake, stream)
@@ -360,7 +360,7 @@ def test_a_resnapshot_after_merges_then_late_events_matches_the_source(
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     transform(spark, sqlite_store, lake, stream)
     compact(spark, sqlite_store, lake, stream)
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
     _rows_match(spark, sqlite_store, lake, stream)
@@ -402,7 +402,7 @@ def test_a_first_load_with_each_key_once_counts_its_tombstones_apart(
     assert tombstones == {f'{{ "_id" : {{ "$numberInt" : "{n}" }} }}' for n in (0, 1)}
     # 3 and 4 predate the stream and never changed: the stream cannot know them.
     source = source_state(raw_client, db_name, "orders")
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == {
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == {
         key: doc for key, doc in source.items() if '"3"' not in key and '"4"' not in key
     }
     _rows_match(spark, sqlite_store, lake, stream)
@@ -438,7 +438,7 @@ def test_nested_field_names_that_differ_only_in_case_do_not_stop_the_stream(
     }
     assert rows[2]["u"].asDict() == {"x": 1} and rows[3]["u"].asDict() == {"x": None}
     assert decoded(rows[3]["_tm_residual"]) == {"u": {"X": 3}}
-    assert typed_columns_differ(read_current(spark, sqlite_store, lake, stream.name)) == []
+    assert typed_columns_differ(exact_documents(spark, sqlite_store, lake, stream.name)) == []
 
 
 def test_a_replacement_that_changes_the_ids_type_but_not_its_value_keeps_one_row(

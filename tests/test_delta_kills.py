@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import read_current, transform
+from jobs.transform import exact_documents, transform
 from state import StateStore, TransformState
 from tests.helpers.crash_child import data_files
 from tests.helpers.delta_reading import (
@@ -79,7 +79,7 @@ def _kill_child(point: str, mongod, state_url: str, lake: Path, stream) -> None:
 
 def _read_all(spark, store, lake, stream: str, db: str) -> dict[str, dict[str, str]]:
     return {
-        coll: current_state(read_current(spark, store, lake, stream, db=db, coll=coll))
+        coll: current_state(exact_documents(spark, store, lake, stream, db=db, coll=coll))
         for coll in COLLS
     }
 

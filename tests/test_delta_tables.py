@@ -15,6 +15,7 @@ from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import name_of, segment
 from jobs.transform import read_changes, read_current, transform
 from state import StateStore, TransformState
+from tests.helpers.delta_reading import current_documents
 from tests.helpers.oracle import source_state
 from tidemark.errors import CuratedTableMissing, SchemaFrozen
 
@@ -23,14 +24,6 @@ def delta_rs(path, sql: str) -> pa.Table:
     """A query over the Delta table at `path` by delta-rs (Rust, no JVM). Its
     `to_pyarrow_table` refuses deletion vectors; its SQL engine applies them."""
     return pa.table(QueryBuilder().register("t", DeltaTable(str(path))).execute(sql).read_all())
-
-
-def delta_rs_current(path) -> dict[str, str]:
-    """`current` read by delta-rs: canonical key -> canonical document."""
-    rows = delta_rs(path, "SELECT _tm_key, _tm_document FROM t").to_pylist()
-    state = {r["_tm_key"]: r["_tm_document"] for r in rows}
-    assert len(state) == len(rows), "a key appears twice in current"
-    return state
 
 
 def current_tables(store, lake, stream: str) -> dict[tuple[str, str], object]:
@@ -76,7 +69,7 @@ def test_each_collection_has_its_own_tables_that_delta_rs_reads_as_find(
     assert {coll for _, coll in tables} == {"orders", "users", "members", "gone", "later"}
     for (_, coll), path in tables.items():
         assert path == lake / "curated" / stream.name / db_name / coll / "current"
-        assert delta_rs_current(path) == source_state(raw_client, db_name, coll), coll
+        assert current_documents(path) == source_state(raw_client, db_name, coll), coll
     # Typed where lossless: a BSON date is a timestamp column; no second JSON copy.
     orders = spark.read.format("delta").load(str(tables[(db_name, "orders")]))
     types = dict(orders.dtypes)
@@ -103,7 +96,7 @@ def test_a_frozen_schema_fails_the_run_on_drift_and_evolve_then_folds_it(
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)  # no drift
     (path,) = current_tables(sqlite_store, lake, stream.name).values()
-    before, version = delta_rs_current(path), TransformState(sqlite_store).latest(stream.name)
+    before, version = current_documents(path), TransformState(sqlite_store).latest(stream.name)
 
     coll.update_one({"_id": 1}, {"$set": {"n": "one", "extra": True}})  # "one": the residual
     drain(stream, raw_client, sqlite_store, lake)
@@ -112,12 +105,12 @@ def test_a_frozen_schema_fails_the_run_on_drift_and_evolve_then_folds_it(
             transform(spark, sqlite_store, lake, stream)
         assert "added: extra" in str(failed.value) and "changed: none" in str(failed.value)
         assert "Set `schema: evolve`" in str(failed.value)
-        assert delta_rs_current(path) == before
+        assert current_documents(path) == before
         assert TransformState(sqlite_store).latest(stream.name) == version
 
     result = transform(spark, sqlite_store, lake, make_stream(schema="evolve"))
     assert result.schema == {"added": [f"{db_name}.orders.extra"], "widened": []}
-    assert delta_rs_current(path) == source_state(raw_client, db_name, "orders")
+    assert current_documents(path) == source_state(raw_client, db_name, "orders")
 
 
 def test_engines_read_every_collection_right_after_a_nested_type_change(
@@ -141,7 +134,7 @@ def test_engines_read_every_collection_right_after_a_nested_type_change(
     assert result.schema["widened"] == [widened]
 
     (path,) = current_tables(sqlite_store, lake, stream.name).values()
-    assert delta_rs_current(path) == source_state(raw_client, db_name, "orders")
+    assert current_documents(path) == source_state(raw_client, db_name, "orders")
     plain = spark.read.format("delta").load(str(path))
     assert dict(plain.dtypes)["meta"] == after
     rows = sorted(((r["meta"]["size"], r["_tm_residual"]) for r in plain.collect()), key=str)
@@ -212,7 +205,7 @@ def test_field_names_that_collide_with_sql_or_tidemark_survive_end_to_end(
     transform(spark, sqlite_store, lake, stream)
 
     (path,) = current_tables(sqlite_store, lake, stream.name).values()
-    assert delta_rs_current(path) == source_state(raw_client, db_name, "orders")
+    assert current_documents(path) == source_state(raw_client, db_name, "orders")
     plain = spark.read.format("delta").load(str(path))
     columns = plain.columns
     for name in ("part", "rn", "date", "run", "with space", "a.b", "select", "$dollar"):

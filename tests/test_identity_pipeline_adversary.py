@@ -19,7 +19,7 @@ import pytest
 from pymongo import MongoClient
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.transform import read_current, transform
+from jobs.transform import exact_documents, transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect, source_identity
 from state import StateStore
@@ -246,7 +246,7 @@ def test_current_is_find_of_what_the_filter_keeps_through_churn_cut_at_every_eve
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)  # position: now
     _churn(client, raw_client, sqlite_store, lake, stream, db_name, seed=len(name))
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     want = _expected(raw_client, db_name, "orders", {"kind": "keep"})
     if name in AS_THE_PIPELINE_MAKES_IT:
         want = {k: AS_THE_PIPELINE_MAKES_IT[name](v) for k, v in want.items()}
@@ -309,7 +309,7 @@ def test_a_collection_renamed_onto_the_filtered_one_is_in_current(
     db["c"].rename("a", dropTarget=True)
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _expected(raw_client, db_name, "a", {})
 
 
@@ -329,7 +329,7 @@ def test_a_filtered_collection_renamed_away_leaves_current(
     db["a"].insert_one({"_id": 99, "kind": "keep"})
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _expected(raw_client, db_name, "a", {})
 
 
@@ -522,14 +522,14 @@ def test_a_filtered_database_stream_through_drops_a_drop_database_a_transaction_
         db["b"].insert_one({"_id": 111, "kind": "keep"}, session=session)
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _kept(raw_client, db_name, ["a", "b"]), "after the drop and the transaction"
 
     client.drop_database(db_name)
     db["b"].insert_many([{"_id": k, "kind": kind(k)} for k in range(200, 204)])
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _kept(raw_client, db_name, ["b"]), "after the dropDatabase"
 
     end = datetime.now(UTC)
@@ -539,5 +539,5 @@ def test_a_filtered_database_stream_through_drops_a_drop_database_a_transaction_
     replay(stream, raw_client, sqlite_store, lake, start, end)
     client.drop_database(f"{db_name}_tick")
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _kept(raw_client, db_name, ["b"]), "after the replay folded late"

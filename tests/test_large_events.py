@@ -19,7 +19,7 @@ from jobs.capture._fragments import fragment_of, whole_events
 from jobs.capture.capture_pass import PassBounds, capture_pass
 from jobs.capture.reader import ChangeStreamReader
 from jobs.capture.writer import RawBatchWriter
-from jobs.transform import read_changes, read_current, transform
+from jobs.transform import exact_documents, read_changes, transform
 from resources.embedded_mongo import free_port
 from resources.spark_server import start_server, stop_server
 from tests.helpers.connect_transform import transform_over_connect
@@ -55,7 +55,7 @@ def _reference(raw_client, db_name, token):
 
 def _current_equals_find(spark, store, lake, stream, raw_client, db_name) -> None:
     transform(spark, store, lake, stream)
-    current = current_state(read_current(spark, store, lake, stream.name))
+    current = current_state(exact_documents(spark, store, lake, stream.name))
     assert current == source_state(raw_client, db_name, "orders")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.capture import drain_until_caught_up
-from jobs.transform import read_current, transform
+from jobs.transform import exact_documents, transform
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import canonical, current_key, current_state
 from tidemark.config import StreamConfig
@@ -56,14 +56,14 @@ def test_a_filtered_stream_keeps_current_true_through_deletes_and_a_drop(
     orders.update_one({"_id": 8}, {"$set": {"n": -8}})
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _expected(raw_client, db_name, query), "after inserts and deletes"
 
     orders.drop()
     orders.insert_many(_docs(100, 10))
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _expected(raw_client, db_name, query), "after a drop and re-create"
 
 

@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import delta_io, transform
 from tests.helpers.delta_reading import current_tables, query
+from tests.helpers.oracle import source_state
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ENGINES = ["Spark", "delta-rs", "DuckDB", "Polars", "pandas"]
@@ -55,6 +56,27 @@ def _read(engine: str, spark: Any, path: Path) -> Any:
             exec(source, scope)
     assert ours is not None, f"the README has no line for {engine}"
     return eval(ours, scope)
+
+
+def _exact(engine: str, spark: Any, path: Path) -> dict[str, str]:
+    """The README's exact-document query for `engine` ("Spark SQL" or "DuckDB") on the
+    collection whose `current` is at `path`: key -> document."""
+    text = README.read_text()
+    block = re.search(r"\*\*The exact document\*\*.*?```sql\n(.*?)```", text, re.S)
+    assert block, "the README has no exact-document query"
+    queries = dict(re.findall(r"-- (Spark SQL|DuckDB)\n(.*?)(?=\n\s*-- |\Z)", block.group(1), re.S))
+    example = "<lake>/curated/orders/shop/orders/"
+    sql = queries[engine].replace(f"{example}current", str(path))
+    sql = sql.replace(f"{example}changes", str(path.parent / "changes"))
+    if engine == "Spark SQL":
+        result = spark.sql(sql)
+    else:
+        scope: dict[str, Any] = {}
+        for source, named in _readme_statements():
+            if named is None and not source.startswith("path = "):
+                exec(source, scope)  # the imports and the extension's load
+        result = scope["duckdb"].sql(sql).arrow().read_all()
+    return {r["_tm_key"]: r["document"] for r in _rows(result)}
 
 
 def _rows(result: Any) -> list[dict]:
@@ -132,6 +154,8 @@ def test_every_readme_reader_line_reads_current_as_spark_does(
     assert sorted(r["_id"] for r in expected) == [n for n in range(40) if n != 3]
     for engine in ENGINES[1:]:
         assert _rows(_read(engine, spark, path)) == expected, engine
+    for engine in ("Spark SQL", "DuckDB"):  # and the README's exact-document query
+        assert _exact(engine, spark, path) == source_state(raw_client, db_name, "orders")
 
     # A name Delta refuses without column mapping turns it on, from the run that brings it.
     orders.update_one({"_id": 2}, {"$set": {"unit price": 9, "nested": {"a;b": 1}}})

@@ -25,7 +25,7 @@ from bson.datetime_ms import DatetimeMS
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.capture.snapshot import key_from_text, read_chunk
-from jobs.transform import read_current, transform
+from jobs.transform import exact_documents, read_current, transform
 from jobs.transform.identity import identity_key
 from resources.mongo import connect
 from tests.helpers.oplog import roll_oplog_past
@@ -73,7 +73,7 @@ def test_snapshot_with_concurrent_writes_then_drain_equals_the_source(
     assert first.snapshot.chunks >= 8 and first.snapshot.documents >= 3050
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
 
 
@@ -128,7 +128,7 @@ def test_a_killed_snapshot_resumes_from_its_last_committed_chunk(
     assert result.snapshot.id == killed.id
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
 
 
@@ -150,7 +150,7 @@ def _resnapshots_to_the_source(spark, store, lake, stream, raw) -> None:
     assert result.snapshot is not None and result.snapshot.reason == "history lost"
     drain_until_caught_up(stream, raw, store, lake)
     transform(spark, store, lake, stream)
-    got = current_state(read_current(spark, store, lake, stream.name))
+    got = current_state(exact_documents(spark, store, lake, stream.name))
     assert got == source_state(raw, "shop", "orders")
     assert len(got) == 150
 
@@ -318,7 +318,7 @@ def test_every_bson_type_of_id_is_copied_exactly_once_across_small_chunks_and_a_
         len(chunk) <= chunk_size for chunk in _snapshot_rows(sqlite_store, lake, stream.name)
     )
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == expected
 
 
@@ -334,7 +334,7 @@ def test_a_max_key_id_after_the_first_chunk_is_copied(
     assert chunks[-1][-1] == '{ "_id" : { "$maxKey" : 1 } }'
     assert sum(map(len, chunks)) == 7
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _raw_source_state(raw_client, db_name, "orders")
 
 
@@ -415,7 +415,7 @@ def test_a_rename_during_a_database_snapshots_copy_keeps_current_equal_to_the_so
     first, second = sqlite_store.snapshots(stream.name)
     assert (first.status, second.status) == ("superseded", "done")
     transform(spark, sqlite_store, lake, stream)
-    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
     got = {(r._tm_coll, r._tm_key): r._tm_document for r in rows}
     want = {
         (coll, key): doc
@@ -440,7 +440,7 @@ def test_chunks_are_bounded_by_bytes_as_well_as_by_count(
     (snapshot,) = sqlite_store.snapshots(stream.name)
     assert snapshot.status == "done" and snapshot.chunks == 6 and snapshot.documents == 16
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _raw_source_state(raw_client, db_name, "orders")
 
 
@@ -464,7 +464,7 @@ def test_ids_and_fields_with_dates_outside_pythons_range_are_copied_and_resumed(
     client[db_name]["orders"].insert_one({"_id": DatetimeMS(-(2**61)), "late": True})
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == _raw_source_state(raw_client, db_name, "orders")
     assert len(got) == len(docs) + 1
 

@@ -11,7 +11,7 @@ from bson import Binary, Decimal128, Int64, ObjectId, Regex
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import CHANGES_COLUMNS, names, removed_dir
-from jobs.transform import read_changes, read_current, stored_schema, transform
+from jobs.transform import exact_documents, read_changes, read_current, stored_schema, transform
 from jobs.transform.stored_schema import OBJECT_ID_PATHS
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
@@ -57,7 +57,7 @@ def test_oracle_current_equals_source_after_every_increment(
         assert result.version is not None
 
         expected = source_state(raw_client, db_name, "orders")
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
         assert got.keys() == expected.keys(), f"increment {increment}: keys differ"
         different = [k for k in expected if got[k] != expected[k]]
         assert not different, f"increment {increment}: {len(different)} documents differ"
@@ -106,7 +106,7 @@ def test_rerun_and_redelivery_change_nothing(
     drain(stream, raw_client, sqlite_store, lake)
     first = transform(spark, sqlite_store, lake, stream)
     assert first.version == 1 and first.changes_added == 100
-    before = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    before = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
 
     again = transform(spark, sqlite_store, lake, stream)
     assert (again.version, again.batches, again.changes_added) == (None, 0, 0)
@@ -117,7 +117,7 @@ def test_rerun_and_redelivery_change_nothing(
     assert replayed.batches == 1 and replayed.changes_added == 0
     assert replayed.duplicates_skipped == original.event_count and replayed.version is None
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 100
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == before
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == before
 
 
 def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hides(
@@ -142,7 +142,7 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     drain(stream, raw_client, sqlite_store, lake)
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
 
-    current = read_current(spark, sqlite_store, lake, stream.name)
+    current = exact_documents(spark, sqlite_store, lake, stream.name)
     assert "_tm_json" not in current.columns and "_tm_deleted" not in current.columns
     assert current.count() == 41
     assert current.schema["ref"].metadata == {OBJECT_ID_PATHS: ['["id"]', '["ids"]']}
@@ -182,7 +182,7 @@ def test_a_run_whose_batches_repeat_events_logs_each_once(
     assert (result.changes_added, result.duplicates_skipped) == (10, 30)
     changes = read_changes(spark, sqlite_store, lake, stream.name)
     assert changes.count() == 40 and changes.select("event_id").distinct().count() == 40
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
 
 
@@ -199,8 +199,8 @@ def test_previous_version_is_the_state_before_the_last_run(
         drain(stream, raw_client, sqlite_store, lake)
         assert transform(spark, sqlite_store, lake, stream).version == run
         snapshots[run] = source_state(raw_client, db_name, "orders")
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name, 2)) == snapshots[2]
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == snapshots[3]
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name, 2)) == snapshots[2]
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == snapshots[3]
     kept = [v.version for v in TransformState(sqlite_store).versions(stream.name)]
     assert kept == [2, 3]  # keep_versions=2: version 1 was pruned
     with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
@@ -231,7 +231,7 @@ def test_a_type_change_across_documents_loses_no_value_and_rewrites_nothing(
     result = transform(spark, sqlite_store, lake, stream)
     widened = f"{db_name}.orders.w: struct<a:bigint> -> struct<a:bigint,b:boolean>"
     assert result.schema == {"added": [], "widened": [widened]}  # only a struct's new field
-    current = read_current(spark, sqlite_store, lake, stream.name)
+    current = exact_documents(spark, sqlite_store, lake, stream.name)
     assert dict(current.dtypes)["v"] == "bigint" and dict(current.dtypes)["n"] == "double"
     assert files <= {r.path for r in _live_files(spark, lake, stream, db_name)}
     rows = {
@@ -278,7 +278,7 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     assert tstate.intent(stream.name) is not None
     assert [v.version for v in tstate.versions(stream.name)] == [1]
     assert tstate.tables(stream.name) == before
-    assert len(current_state(read_current(spark, sqlite_store, lake, stream.name))) == 10
+    assert len(current_state(exact_documents(spark, sqlite_store, lake, stream.name))) == 10
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 10
     # The dead attempt's commits are in the tables' logs, unrecorded.
     assert any(unrecorded_commits(lake / t.path, t.delta_version) for t in before)
@@ -287,7 +287,7 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     result = transform(spark, sqlite_store, lake, stream)  # simply run again
     assert result.version == 2 and result.changes_added == 5
     assert tstate.intent(stream.name) is None
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == source_state(
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 15
@@ -322,7 +322,7 @@ def test_rename_drop_and_drop_database_act_on_whole_namespaces(
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
 
-    rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+    rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
     got = {(r._tm_coll, r._tm_key): r._tm_document for r in rows}
     expected = {("target", k): v for k, v in source_state(raw_client, db_name, "target").items()}
     assert got == expected and len(got) == 6
@@ -347,7 +347,7 @@ def test_on_invalidate_stops_or_follows_the_recreated_collection(
     coll.insert_many([{"_id": i, "again": True} for i in range(3)])
 
     def by_namespace() -> dict[str, dict[str, str]]:
-        rows = read_current(spark, sqlite_store, lake, stream.name).collect()
+        rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
         found: dict[str, dict[str, str]] = {}
         for r in rows:
             found.setdefault(r._tm_coll, {})[r._tm_key] = r._tm_document

@@ -11,7 +11,7 @@ from sqlalchemy import update
 import jobs.transform.apply as transform_module
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
-from jobs.transform import compact, read_current, transform
+from jobs.transform import compact, exact_documents, read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from state.leases import TRANSFORM_LEASE_TTL, lease_name
@@ -42,7 +42,7 @@ def test_an_insert_replayed_after_its_delete_does_not_resurrect_the_document(
     inserts = capture_events(raw_client, db_name, "orders", before_start, 2)
     commit_raw_batch(sqlite_store, lake, stream.name, inserts, "replay")
     transform(spark, sqlite_store, lake, stream)
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
     assert len(got) == 1  # _id 2 only: the delete is newer than the replayed insert of _id 1
 
@@ -64,7 +64,7 @@ def test_late_events_after_deletes_in_later_runs_and_after_a_compaction_never_re
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"  # two tombstones
 
     def check() -> None:
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw_client, db_name, "orders")
 
     late = capture_events(raw_client, db_name, "orders", before_start, 4)
@@ -138,7 +138,7 @@ def test_snapshot_rows_and_sharded_events_share_one_key_per_document(
     commit_raw_batch(sqlite_store, lake, stream.name, sharded, "incremental")
     transform(spark, sqlite_store, lake, stream)
 
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders")
     assert len(got) == 4
 
@@ -194,7 +194,7 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
     tstate = TransformState(sqlite_store)
     assert [v.version for v in tstate.versions(stream.name)] == [1, 2, 3]
     assert tstate.intent(stream.name) is None
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == after == source_state(raw_client, db_name, "orders")  # the loser wrote none
     for table in tstate.tables(stream.name):
         assert not unrecorded_commits(lake / table.path, table.delta_version), table.path
@@ -269,7 +269,7 @@ def test_a_collection_replaced_by_a_rename_into_it_is_copied_afresh(
         db.orders.insert_one({"_id": 100})
         drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         transform(spark, sqlite_store, lake, stream)
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw_client, db_name, "orders")
 
         admin = client.admin
@@ -278,7 +278,7 @@ def test_a_collection_replaced_by_a_rename_into_it_is_copied_afresh(
         )
         drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         transform(spark, sqlite_store, lake, stream)
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw_client, db_name, "orders") and len(got) == 4
 
         # $out onto the collection is the same rename, from a temporary collection.
@@ -286,7 +286,7 @@ def test_a_collection_replaced_by_a_rename_into_it_is_copied_afresh(
         db.staged.aggregate([{"$match": {}}, {"$out": "orders"}])
         drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         transform(spark, sqlite_store, lake, stream)
-        got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+        got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
         assert got == source_state(raw_client, db_name, "orders") and len(got) == 3
     finally:
         client.drop_database(other)
@@ -330,7 +330,7 @@ def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_b
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     expected_first = source_state(raw_client, db_name, "orders")
-    reader = read_current(spark, sqlite_store, lake, stream.name)  # resolved: version 1
+    reader = exact_documents(spark, sqlite_store, lake, stream.name)  # resolved: version 1
     states = {}
 
     for version, change in ((2, lambda: coll.delete_many({"_id": {"$lt": 3}})),
@@ -354,7 +354,7 @@ def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_b
     tstate = TransformState(sqlite_store)
     assert [v.version for v in tstate.versions(stream.name)] == [3, 4]
     for version in (3, 4):  # every kept version still reads back
-        frame = read_current(spark, sqlite_store, lake, stream.name, version)
+        frame = exact_documents(spark, sqlite_store, lake, stream.name, version)
         assert current_state(frame) == states[version], f"version {version}"
 
 
@@ -375,7 +375,7 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
     tstate = TransformState(sqlite_store)
     before = tstate.tables(stream.name)
     states = {
-        v.version: current_state(read_current(spark, sqlite_store, lake, stream.name, v.version))
+        v.version: current_state(exact_documents(spark, sqlite_store, lake, stream.name, v.version))
         for v in tstate.versions(stream.name)
     }
 
@@ -389,16 +389,16 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
         (2, "merge"),
     ]
     assert tstate.tables(stream.name) == before  # readers stay on the recorded versions
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == expected
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == expected
     assert compact(spark, sqlite_store, lake, stream).version == 3  # simply run again
-    assert current_state(read_current(spark, sqlite_store, lake, stream.name)) == expected
+    assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == expected
     for table in tstate.tables(stream.name):
         assert not unrecorded_commits(lake / table.path, table.delta_version), table.path
     (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     assert swept.curated is not None  # VACUUM ran
     states[3] = expected
     for version, state in states.items():  # gc left every kept version's files
-        frame = read_current(spark, sqlite_store, lake, stream.name, version)
+        frame = exact_documents(spark, sqlite_store, lake, stream.name, version)
         assert current_state(frame) == state, f"version {version}"
 
 
@@ -429,7 +429,7 @@ def test_turning_the_current_table_on_asks_for_a_resnapshot_which_rebuilds_it(
     coll.delete_one({"_id": 0})
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
-    got = current_state(read_current(spark, sqlite_store, lake, stream.name))
+    got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == source_state(raw_client, db_name, "orders") and len(got) == 7
 
 

@@ -17,6 +17,7 @@ from jobs.transform.type_rule import arrow_type, schema_for
 from jobs.transform.typed_columns import (
     CENSUS,
     CODEC,
+    DELETED,
     RESIDUAL,
     census_batches,
     typed_struct,
@@ -61,7 +62,7 @@ def test_each_typed_row_and_its_residual_give_back_the_document(first, batch):
     for document, row in zip(batch, typed.to_pylist(), strict=True):
         residual_text = row.pop(RESIDUAL)
         if document is None:
-            assert residual_text is None and not any(v is not None for v in row.values())
+            assert residual_text == DELETED and not any(v is not None for v in row.values())
             continue
         residual = {} if residual_text is None else bson.decode(bsonjs.loads(residual_text), CODEC)
         kept = {k: v for k, v in row.items() if v is not None}

@@ -16,7 +16,7 @@ from jobs.transform.compact import (
     delta_debt,
     needs_compaction,
 )
-from jobs.transform.readers import read_changes, read_current
+from jobs.transform.readers import exact_documents, read_changes, read_current
 from jobs.transform.run import SparkSource, TransformResult, transform
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "TransformResult",
     "compact",
     "delta_debt",
+    "exact_documents",
     "needs_compaction",
     "read_changes",
     "read_current",

@@ -28,6 +28,7 @@ from pyspark.sql.types import StructType
 
 from jobs.curated_zone import (
     CURRENT_META,
+    OWN_PREFIX,
     REMOVED_COLUMNS,
     TM_CLUSTER_TIME,
     TM_COLL,
@@ -44,7 +45,7 @@ from jobs.curated_zone import (
     removed_dir,
 )
 from jobs.transform import stored_schema
-from jobs.transform.change_log import held
+from jobs.transform.change_log import held, with_documents
 from jobs.transform.delta_io import (
     REMOVED_PROPERTIES,
     RunWriter,
@@ -70,11 +71,10 @@ from jobs.transform.fold import (
     tombstones_of,
 )
 from jobs.transform.type_rule import schema_changes, schema_from, schema_frozen
-from jobs.transform.typed_columns import run_census, with_typed_columns
+from jobs.transform.typed_columns import DELETED, run_census, with_typed_columns
 from tidemark.object_path import LakePath
 
-META = names(CURRENT_META)  # the columns before a row's document columns
-KEPT = [c for c in META if c != TM_RESIDUAL]  # what the fold carries; the residual is made
+KEPT = [c for c in names(CURRENT_META) if c != TM_RESIDUAL]  # the residual is made, not kept
 AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
 # Up to this many repeated keys in a segment, their winning event ids are broadcast (a few MB);
 # beyond, a window over the whole segment finds them.
@@ -85,8 +85,7 @@ Namespace = tuple[str, str]
 
 @dataclass
 class Folded:
-    """What a run's fold changed: the `current` tables it wrote (with their schemas) and the
-    schema changes per table (`"db.coll"` -> added / widened columns)."""
+    """What a run's fold changed: the `current` tables it wrote, and their schemas' changes."""
 
     tables: dict[Namespace, StructType] = field(default_factory=dict)
     schema: dict[str, dict[str, list[str]]] = field(default_factory=dict)
@@ -136,9 +135,15 @@ class Fold:
         schema = self.spark.read.format("delta").load(str(path)).schema
         if not keyed_by_value(schema):
             self.typed_keys.add(ns)
-        if TM_RESIDUAL not in schema.fieldNames():
+        if TM_RESIDUAL not in schema.fieldNames() or TM_DOCUMENT in schema.fieldNames():
             self.old_layout.add(ns)
-        return stored_schema.read(StructType([f for f in schema.fields if f.name not in META]))
+        own = [f for f in schema.fields if not f.name.startswith(OWN_PREFIX)]
+        return stored_schema.read(StructType(own))
+
+    def _documents(self, rows: DataFrame) -> DataFrame:
+        """`rows` of `current` with their documents, from the stream's change logs."""
+        writer = self.writer
+        return with_documents(self.spark, rows, writer.lake_root, writer.stream, self.namespaces)
 
     def _earlier_removals(self) -> DataFrame | None:
         """`removed` as earlier runs left it (see the module docstring)."""
@@ -259,7 +264,7 @@ class Fold:
         old = self._table_schema(ns)
         upgrade = ns in self.old_layout
         if upgrade:
-            table = self.spark.read.format("delta").load(str(self._current(ns)))
+            table = self._documents(self.spark.read.format("delta").load(str(self._current(ns))))
             counted = merge_census(run_census(table.select(TM_DOCUMENT)), counted)
         merged = schema_from(StructType([]) if upgrade else old, counted)
         key = f"{ns[0]}.{ns[1]}"
@@ -279,7 +284,7 @@ class Fold:
 
     def _rewrite(self, ns: Namespace, schema: StructType, slot: int) -> None:
         path = self._current(ns)
-        table = self.spark.read.format("delta").load(str(path))
+        table = self._documents(self.spark.read.format("delta").load(str(path)))
         if ns in self.typed_keys:
             table = rekeyed(table, tombstones=tombstones_of(self._earlier_removals(), ns))
         typed = marked_by_value(with_typed_columns(table, schema, KEPT))
@@ -290,16 +295,17 @@ class Fold:
     def _merge_current(self, ns: Namespace, typed: DataFrame, slot: int) -> None:
         path = self._current(ns)
         if not is_table(path):
-            live = marked_by_value(typed.where(F.col(TM_DOCUMENT).isNotNull()))
+            live = marked_by_value(typed.where(~F.col(TM_RESIDUAL).eqNullSafe(DELETED)))
             properties = current_properties(self.result.tables[ns])
             self.writer.create(live, path, properties, slot)
             return
         newer = f"s.{TM_EVENT_ID} > t.{TM_EVENT_ID}"
+        deleted = f"s.{TM_RESIDUAL} <=> '{DELETED}'"
         statement = (
             f"MERGE INTO {table_ref(path)} t USING {{source}} s ON t.{TM_KEY} = s.{TM_KEY} "
-            f"WHEN MATCHED AND {newer} AND s.{TM_DOCUMENT} IS NULL THEN DELETE "
+            f"WHEN MATCHED AND {newer} AND {deleted} THEN DELETE "
             f"WHEN MATCHED AND {newer} THEN UPDATE SET * "
-            f"WHEN NOT MATCHED AND s.{TM_DOCUMENT} IS NOT NULL THEN INSERT *"
+            f"WHEN NOT MATCHED AND NOT ({deleted}) THEN INSERT *"
         )
         self.spark.conf.set(AUTO_MERGE, "true")
         try:
@@ -385,12 +391,9 @@ class Fold:
         if not is_table(path):
             return
         self._table_schema(source)
-        rows = (
-            self.spark.read.format("delta")
-            .load(str(path))
-            .where(F.col(TM_EVENT_ID) < F.lit(event.event_id))
-            .select(*KEPT)
-        )
+        table = self.spark.read.format("delta").load(str(path))
+        older = table.where(F.col(TM_EVENT_ID) < F.lit(event.event_id))
+        rows = self._documents(older).select(*KEPT, TM_DOCUMENT)
         if source in self.typed_keys:
             rows = rekeyed(rows, tombstones=tombstones_of(self._earlier_removals(), source))
         schema = self._schema_for(target, run_census(rows.select(TM_DOCUMENT)), rewrite)

@@ -23,9 +23,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs.curated_zone import CHANGES_COLUMNS, changes_dir, names
+from jobs.curated_zone import CHANGES_COLUMNS, TM_DOCUMENT, TM_EVENT_ID, changes_dir, names
 from jobs.raw_zone import DOCUMENT_FIELDS, RAW_SCHEMA, events_documents
-from jobs.transform.delta_io import CHANGES_PROPERTIES, RunWriter
+from jobs.transform.delta_io import CHANGES_PROPERTIES, RunWriter, is_table
 from jobs.transform.fold import ID_ONLY
 from jobs.transform.udfs import arrow_udf_of
 from state import BatchRecord, TransformState
@@ -266,3 +266,30 @@ def _logged(
     for frame in frames[1:]:
         seen = seen.unionByName(frame)
     return seen
+
+
+def with_documents(
+    spark: SparkSession,
+    rows: DataFrame,
+    lake_root: LakePath,
+    stream: str,
+    namespaces: list[tuple[str, str]],
+) -> DataFrame:
+    """`rows` (of `current`, keyed by TM_EVENT_ID) with TM_DOCUMENT: the full document of the
+    event that set each row, from the change logs of `namespaces` (a row moved by a rename
+    keeps the event of the collection it came from, so the caller names every collection).
+    Rows that already carry TM_DOCUMENT (a table written before issue 38) are returned as
+    they are."""
+    if TM_DOCUMENT in rows.columns:
+        return rows
+    events = None
+    paths = [changes_dir(lake_root, stream, *ns) for ns in namespaces]
+    for path in (p for p in paths if is_table(p)):
+        log = spark.read.format("delta").load(str(path)).where(F.col("full_document").isNotNull())
+        log = log.select(
+            F.col("event_id").alias(TM_EVENT_ID), F.col("full_document").alias(TM_DOCUMENT)
+        )
+        events = log if events is None else events.unionByName(log)
+    if events is None:
+        return rows.withColumn(TM_DOCUMENT, F.lit(None).cast("string"))
+    return rows.join(events, TM_EVENT_ID, "left")

@@ -1,5 +1,6 @@
 """Tidemark's own readers of the curated tables: a stream's `changes` and `current`, every
-collection's together or one collection's, at the newest committed run or an older one.
+collection's together or one collection's, at the newest committed run or an older one, and
+each live row's exact document (`exact_documents`, joined from the change log).
 
 Any engine can read one collection's table by pointing at its Delta path; these readers add
 what spans tables: the state store says which tables a stream has and which Delta version each
@@ -15,7 +16,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from jobs.curated_zone import TM_COLL, TM_DB
+from jobs.curated_zone import TM_COLL, TM_DB, TM_DOCUMENT, TM_EVENT_ID
 from jobs.transform.delta_io import quoted
 from resources.spark_lake import use_lake
 from state import CuratedTable, StateStore, TransformState
@@ -59,6 +60,32 @@ def read_current(
             )
     tables = _chosen(store, stream, "current", version, db, coll, "current-state table")
     return _union(spark, lake_root, tables, with_namespace=True)
+
+
+def exact_documents(
+    spark: Any,
+    store: StateStore,
+    lake_root: LakePath,
+    stream: str,
+    version: int | None = None,
+    *,
+    db: str | None = None,
+    coll: str | None = None,
+) -> Any:
+    """`read_current`'s rows, each with `_tm_document`: its document exactly as MongoDB holds
+    it (BSON types and field order, as canonical Extended JSON), joined from the change log by
+    the event that set the row. Every collection's log of the stream is read, since a rename
+    moves rows with the event that set them; Tidemark never deletes a row of `changes`."""
+    current = read_current(spark, store, lake_root, stream, version, db=db, coll=coll)
+    logs = _chosen(store, stream, "changes", version, None, None, "change log")
+    events = None
+    for table in logs:
+        log = read_table(spark, lake_root, table).where(F.col("full_document").isNotNull())
+        log = log.select(
+            F.col("event_id").alias(TM_EVENT_ID), F.col("full_document").alias(TM_DOCUMENT)
+        )
+        events = log if events is None else events.unionByName(log)
+    return current.drop(TM_DOCUMENT).join(events, TM_EVENT_ID, "left")
 
 
 def _chosen(

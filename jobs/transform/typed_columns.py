@@ -31,6 +31,8 @@ from jobs.transform.type_rule import arrow_type, place, residual_json
 from jobs.transform.udfs import arrow_udf_of
 
 RESIDUAL = TM_RESIDUAL  # canonical Extended JSON of the fields no column holds, or null
+# A delete's residual in the fold's MERGE source, never in a table: no residual is empty text.
+DELETED = ""
 CENSUS = "census"
 # Dates of any year (out of Python's range as DatetimeMS), UUIDs as the Binary they are.
 CODEC = CodecOptions(
@@ -60,10 +62,13 @@ def typed_type(schema: StructType) -> StructType:
 
 
 def typed_struct(documents: pa.Array, schema: StructType) -> pa.StructArray:
-    """Each document's typed values and residual (`typed_type`); all null for a delete."""
-    placed = [place(d, schema) if d is not None else ({}, {}) for d in decoded(documents)]
-    rows = pa.array([row for row, _ in placed], arrow_type(schema))
-    residuals = pa.array([residual_json(rest) for _, rest in placed], pa.string())
+    """Each document's typed values and residual (`typed_type`); for a delete, typed values
+    all null and the residual `DELETED`."""
+    placed = [None if d is None else place(d, schema) for d in decoded(documents)]
+    rows = pa.array([{} if p is None else p[0] for p in placed], arrow_type(schema))
+    residuals = pa.array(
+        [DELETED if p is None else residual_json(p[1]) for p in placed], pa.string()
+    )
     columns = [*rows.flatten(), residuals]
     return pa.StructArray.from_arrays(columns, names=typed_type(schema).fieldNames())
 

@@ -12,7 +12,7 @@ from pymongo.errors import PyMongoError
 
 from jobs.curated_zone import OWN_PREFIX, TM_RESIDUAL
 from state import StateStore, TransformState
-from tests.helpers.delta_reading import current_tables, query
+from tests.helpers.delta_reading import current_rows, current_tables, query
 from tests.helpers.lake_reading import read_parquet
 from tests.helpers.oracle import canonical, current_key
 from tests.helpers.torture.config import SNAPSHOT_OPS
@@ -160,7 +160,7 @@ class Oracle:
         got: dict[tuple[str, str, str], str] = {}
         problems = []
         for (db, coll), path in current_tables(t.store, t.lake, name).items():
-            rows = query(path, "SELECT * FROM t")
+            rows = current_rows(path)
             for r in rows:
                 key = (db, coll, r["_tm_key"])
                 if key in got:
