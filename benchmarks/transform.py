@@ -165,7 +165,8 @@ def _updates(client: MongoClient, count: int, documents: int, rng: random.Random
 
 
 def _recompute(spark: Any, home: _Home, store: StateStore, target: Path) -> None:
-    """The anchor: `current` from scratch out of the change log, on the same Spark."""
+    """The anchor: `current` from scratch out of the change log, on the same Spark (the
+    newest event per key, its typed columns parsed by Spark's `from_json` in the JVM)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -190,7 +191,6 @@ def _recompute(spark: Any, home: _Home, store: StateStore, target: Path) -> None
     parsed = F.from_json("full_document", schema)
     typed = latest.select(
         F.col("document_key").alias("_tm_key"),
-        F.col("full_document").alias("_tm_document"),
         "event_id",
         *(parsed.getField(f.name).alias(f.name) for f in schema.fields),
     )
