@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from pyspark.sql.types import ArrayType, StructField, StructType
 
 from jobs.transform.number_columns import exact
+from jobs.transform.placer import placer
 from jobs.transform.type_rule import (
     BSON_KIND,
     OBJECT_ID,
@@ -242,3 +243,14 @@ def test_the_typed_rows_are_an_arrow_array_of_the_schema_with_the_same_values(ba
     for document, row, text in zip(batch, rows.to_pylist(), residuals.to_pylist(), strict=True):
         residual = bson.decode(bsonjs.loads(text), CODEC) if text is not None else {}
         assert norm(rebuild(row, residual, schema)) == norm(document)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(documents, min_size=1, max_size=4), st.lists(documents, min_size=1, max_size=6))
+def test_the_compiled_placer_places_as_the_rule_says(first, later):
+    """`placer` (what the fold runs) gives `place`'s typed values and residual, for documents
+    that fit their columns and documents that do not."""
+    schema = schema_for(StructType([]), first)
+    place_compiled = placer(schema)
+    for document in [*first, *later]:
+        assert place_compiled(document) == place(document, schema)

@@ -70,7 +70,7 @@ def held(column: DataType, value: Number) -> bool:
         )
     if isinstance(column, DoubleType):
         if number.is_nan():
-            return True
+            return not number.is_snan()  # a signaling NaN has no float: the residual keeps it
         return Decimal(float(number)) == number
     if isinstance(column, DecimalType):
         if not number.is_finite():

@@ -4,8 +4,8 @@ Documents arrive as canonical Extended JSON (the change log's `full_document`, n
 delete) and are decoded once per batch. `census_batches` is a `mapInArrow` body: one row per
 partition, that partition's census (`field_census`) as JSON, added up on the driver to decide
 the run's columns (`type_rule.schema_from`). `typed_struct` is an Arrow UDF's body: each
-document's typed values (`type_rule.place`) as a struct of the schema's columns, followed by
-`RESIDUAL`, the values no column holds.
+document's typed values (`type_rule.place`, compiled by `placer`) as a struct of the
+schema's columns, followed by `RESIDUAL`, the values no column holds.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pyspark.sql.types import ArrayType, DataType, StringType, StructField, Stru
 
 from jobs.curated_zone import TM_DOCUMENT, TM_RESIDUAL
 from jobs.transform.field_census import Census, census, from_json, merge, to_json
+from jobs.transform.placer import placer
 from jobs.transform.stored_schema import ddl, stored_metadata
-from jobs.transform.type_rule import arrow_type, place, residual_json
+from jobs.transform.type_rule import arrow_type, residual_json
 from jobs.transform.udfs import arrow_udf_of
 
 RESIDUAL = TM_RESIDUAL  # canonical Extended JSON of the fields no column holds, or null
@@ -64,7 +65,8 @@ def typed_type(schema: StructType) -> StructType:
 def typed_struct(documents: pa.Array, schema: StructType) -> pa.StructArray:
     """Each document's typed values and residual (`typed_type`); for a delete, typed values
     all null and the residual `DELETED`."""
-    placed = [None if d is None else place(d, schema) for d in decoded(documents)]
+    place = placer(schema)
+    placed = [None if d is None else place(d) for d in decoded(documents)]
     rows = pa.array([{} if p is None else p[0] for p in placed], arrow_type(schema))
     residuals = pa.array(
         [DELETED if p is None else residual_json(p[1]) for p in placed], pa.string()
