@@ -34,6 +34,11 @@ OTHER = "other"  # a BSON type with no column (regex, timestamps, MinKey, code, 
 
 def kind_of(value: Any) -> str:
     """The kind of a non-null value (`KINDS`, or `OTHER`)."""
+    kind = _KIND_OF_TYPE.get(type(value))
+    return kind if kind is not None else _kind_of_subclass(value)
+
+
+def _kind_of_subclass(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int | Int64 | float | Decimal128):
@@ -53,6 +58,22 @@ def kind_of(value: Any) -> str:
     return OTHER
 
 
+# The types BSON decodes to, by exact type: most values need no isinstance chain.
+_KIND_OF_TYPE: dict[type, str] = {
+    bool: "boolean",
+    int: "number",
+    Int64: "number",
+    float: "number",
+    Decimal128: "number",
+    ObjectId: "objectId",
+    str: "string",
+    datetime: "date",
+    bytes: "binary",
+    dict: "document",
+    list: "array",
+}
+
+
 @dataclass
 class Numbers:
     """What a field's numbers say about their column (`number_columns.column_for`)."""
@@ -62,6 +83,12 @@ class Numbers:
     scale: int | None = None  # the largest scale of its decimals
 
     def add(self, value: Any) -> None:
+        if type(value) is float:  # the common cases, as `number_type` types them
+            self.typed = self.double = True
+            return
+        if type(value) is int or type(value) is Int64:
+            self.typed = True
+            return
         kind = number_type(value)
         if kind is None:
             return
@@ -153,6 +180,9 @@ def column_names(document: dict[str, Any]) -> list[str]:
     """The names of one document level that may have columns: not Tidemark's own, and of
     names differing only in case, the document's first (Delta holds names regardless of
     case)."""
+    lowered = [name.lower() for name in document]
+    if len(set(lowered)) == len(lowered) and not any(n.startswith(OWN_PREFIX) for n in lowered):
+        return list(document)  # the common case: every name
     taken: set[str] = set()
     names = []
     for name in document:
