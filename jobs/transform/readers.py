@@ -16,7 +16,8 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from jobs.curated_zone import TM_COLL, TM_DB, TM_DOCUMENT, TM_EVENT_ID
+from jobs.curated_zone import TM_COLL, TM_DB, TM_DOCUMENT
+from jobs.transform.change_log import with_documents
 from jobs.transform.delta_io import quoted
 from resources.spark_lake import use_lake
 from state import CuratedTable, StateStore, TransformState
@@ -77,15 +78,9 @@ def exact_documents(
     the event that set the row. Every collection's log of the stream is read, since a rename
     moves rows with the event that set them; Tidemark never deletes a row of `changes`."""
     current = read_current(spark, store, lake_root, stream, version, db=db, coll=coll)
-    logs = _chosen(store, stream, "changes", version, None, None, "change log")
-    events = None
-    for table in logs:
-        log = read_table(spark, lake_root, table).where(F.col("full_document").isNotNull())
-        log = log.select(
-            F.col("event_id").alias(TM_EVENT_ID), F.col("full_document").alias(TM_DOCUMENT)
-        )
-        events = log if events is None else events.unionByName(log)
-    return current.drop(TM_DOCUMENT).join(events, TM_EVENT_ID, "left")
+    logs = _chosen(store, stream, "changes", None, None, None, "change log")
+    namespaces = [(t.db, t.coll) for t in logs]
+    return with_documents(spark, current.drop(TM_DOCUMENT), lake_root, stream, namespaces)
 
 
 def _chosen(
