@@ -37,6 +37,7 @@ SHARES = {
     "soak": 10.0,
 }
 AREA_KEY = "suite_area"
+HEAVIEST_FILES = 12
 
 
 def area_of(item: pytest.Item) -> str:
@@ -57,6 +58,7 @@ class SuiteTime:
         self.started = time.monotonic()
         self.seconds: dict[str, float] = defaultdict(float)
         self.tests: dict[str, set[str]] = defaultdict(set)
+        self.files: dict[str, float] = defaultdict(float)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -70,6 +72,7 @@ class SuiteTime:
             return
         self.seconds[area] += report.duration
         self.tests[area].add(report.nodeid)
+        self.files[report.nodeid.split("::")[0]] += report.duration
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -92,6 +95,8 @@ class SuiteTime:
             f"test time {sum(self.seconds.values()) / 60:.1f} worker-min; "
             f"CI budget {BUDGET_MINUTES:.0f} min"
         )
+        heaviest = sorted(self.files.items(), key=lambda kv: -kv[1])[:HEAVIEST_FILES]
+        write("heaviest files (worker-s): " + ", ".join(f"{f} {s:.0f}" for f, s in heaviest))
         if wall > WARN_MINUTES * 60:
             over = [a for a in SHARES if self.seconds[a] > SHARES[a] * 60]
             terminalreporter.write_line(
