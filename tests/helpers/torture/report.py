@@ -19,7 +19,9 @@ def report(
     """The seed, the table of runs and checks, and for failures the details and the step log."""
     t, s = torture, torture.stats
     lines = [
-        f"torture seed {t.cfg.seed}: {seconds:.0f} s, databases {t.db_a} / {t.db_b}",
+        f"torture seed {t.cfg.seed}: {seconds:.0f} s ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in t.seconds.items())
+        + f"), databases {t.db_a} / {t.db_b}",
         "runs:  " + ", ".join(f"{k} {v}" for k, v in sorted(s.runs.items())),
         "kills: " + (", ".join(f"{k} {v}" for k, v in sorted(s.kills.items())) or "none"),
         "outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items())),
@@ -59,7 +61,9 @@ def run_torture(
     try:
         torture.run()
         oracle = Oracle(torture)
+        checking = time.monotonic()
         verdicts = oracle.check_all()
+        torture.seconds["checks"] = time.monotonic() - checking
         ok = all(v.ok for v in verdicts) and not torture.final_errors
         ok = ok and not torture.stats.unexpected
         return ok, report(torture, verdicts, oracle.captured, time.monotonic() - clock), torture

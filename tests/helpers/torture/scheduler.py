@@ -100,16 +100,19 @@ class Torture:
             self.env[REMOTE_ENV] = cfg.spark_remote
         self._stop_monitor = threading.Event()
         self.t0: datetime = datetime.now(UTC)
+        self.seconds: dict[str, float] = {}  # where the run's time went, by phase
 
     # -- phases ----------------------------------------------------------------------------
 
     def run(self) -> None:
+        clock = time.monotonic()
         self.log.add(f"seed {self.cfg.seed}: databases {self.db_a}, {self.db_b}")
         self.writers.seed_edges(random.Random(f"{self.cfg.seed}-edges"))
         self.t0 = self._first_second()
         self.writers.seed(random.Random(f"{self.cfg.seed}-seed"))
         time.sleep(1.1)  # the streams start a clock second after the seed: replays go before
         self._start_streams()
+        self.seconds["start"], clock = time.monotonic() - clock, time.monotonic()
         monitor = threading.Thread(target=self._monitor, daemon=True)
         monitor.start()
         self.writers.start()
@@ -123,7 +126,9 @@ class Torture:
         for loop in loops:
             loop.join()
         self.log.add(f"writers stopped: {dict(self.writers.writes)}")
+        self.seconds["write"], clock = time.monotonic() - clock, time.monotonic()
         self._settle()
+        self.seconds["settle"] = time.monotonic() - clock
         self._stop_monitor.set()
         monitor.join()
 
