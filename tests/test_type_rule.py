@@ -180,6 +180,8 @@ def test_typed_values_and_the_residual_give_back_every_value(first, later):
         ({"r": [ObjectId("6b09b2d07fd6d42aacd7d70a")]}, {"r": ["6b09b2d07fd6d42aacd7d70a"]}, None),
         ({"o": {"p": 1}}, {"o": {"p": "x", "q": 2}}, {"o": {"p": "x"}}),
         ({"e": {}}, {"e": {}}, None),  # no empty struct column: Parquet has none
+        ({"e": {"p": 1}}, {"e": {}}, None),  # {} is not a struct of nulls ({"p": null})
+        ({"l": [{"p": 1}]}, {"l": [{"p": 2}, {}]}, None),  # nor inside an array
     ],
 )
 def test_a_value_its_column_cannot_hold_goes_to_the_residual_and_the_column_holds_null(

@@ -92,8 +92,8 @@ def _struct(place: Placer) -> Column:
     def column(value: Any) -> tuple[Any, Any]:
         if value is None:
             return None, None
-        if not isinstance(value, dict):
-            return MISFIT, None
+        if not isinstance(value, dict) or not value:
+            return MISFIT, None  # {} too (`type_rule._fits`)
         return place(value)
 
     return column

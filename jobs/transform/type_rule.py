@@ -13,7 +13,9 @@ One rule for `current`'s typed columns, pure (Spark's type objects, no session):
 - booleans, strings, numbers (`number_columns`), dates within years 1-9999 (timestamps),
   binaries of subtype 0, sub-documents (structs) and arrays (of one element type) have
   columns, once a value says their type: an empty sub-document or array does not (Parquet
-  has no empty struct, and an element type guessed early would refuse every later element);
+  has no empty struct, and an element type guessed early would refuse every later element),
+  and an empty sub-document always goes to the residual (in a struct column it would read
+  as a sub-document of nulls);
 - an ObjectId goes to a string column marked in its metadata, so that an ObjectId and a
   string never share a column; every other BSON type (regex, BSON timestamps, MinKey,
   MaxKey, code, UUIDs and other binary subtypes) always goes to the residual;
@@ -163,7 +165,9 @@ def _fits(field: StructField, value: Any) -> bool:
         element = StructField("element", dtype.elementType, True, field.metadata)
         return isinstance(value, list) and all(_fits_whole(element, item) for item in value)
     if isinstance(dtype, StructType):
-        return isinstance(value, dict)
+        # {} would read as a struct of nulls, the same as {"a": null}: it keeps its place in
+        # the residual, as it does before its field has a column.
+        return isinstance(value, dict) and bool(value)
     return _is_number(value) and held(dtype, value)
 
 
