@@ -107,6 +107,8 @@ def test_mixed_numbers_end_in_one_column(values, column):
         (DecimalType(12, 2), Decimal128("1.255")),
         (LongType(), -0.0),  # its sign lives only in a double
         (DoubleType(), Decimal128("0.1")),
+        # 52 digits exactly: a decimal(38, 37) would round it (the adversary's find)
+        (DecimalType(38, 37), 6.338653573420518),
     ],
 )
 def test_a_number_a_column_cannot_hold_exactly_is_not_held(column, value):

@@ -20,7 +20,9 @@ MAX_DIGITS = 38  # Spark's and Delta's widest decimal
 INT_RANGE = {IntegerType(): (-(2**31), 2**31 - 1), LongType(): (-(2**63), 2**63 - 1)}
 
 Number = int | Int64 | float | Decimal128
-_EXACT = Context(prec=40)  # `normalize` rounds to its context's precision: more than 34
+# `normalize` rounds to its context's precision: more digits than any number here has (a
+# double's exact value has up to 767 significant digits, a Decimal128 34), so it never rounds.
+_EXACT = Context(prec=800)
 
 
 def exact(value: Number) -> Decimal:
