@@ -74,6 +74,9 @@ def removed_dir(lake_root: LakePath, stream: str) -> LakePath:
 # Every column name of Tidemark's own starts with this; a document field that does is not made
 # a column (`field_census.column_names`), so a document never collides with them.
 OWN_PREFIX = "_tm_"
+# Delta's change data feed adds these to what it reads, so a table with the feed on refuses them
+# as its own columns (RESERVED_CDC_COLUMNS_ON_WRITE): a field so named is not a column either.
+CHANGE_FEED_NAMES = frozenset({"_change_type", "_commit_version", "_commit_timestamp"})
 
 TM_KEY = "_tm_key"  # canonical Extended JSON of the document's `{_id}`: the row's key
 # TM_KEY's column metadata in a table keyed by the `_id`'s value (`transform.identity`: 1 and

@@ -42,7 +42,7 @@ CODEC = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
     uuid_representation=UuidRepresentation.UNSPECIFIED,
 )
-NAMES = ["a", "A", "b", "n", "_tm_x", "s"]
+NAMES = ["a", "A", "b", "n", "_tm_x", "_change_type", "s"]
 
 scalars = st.one_of(
     st.none(),

@@ -24,7 +24,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from pyspark.sql.types import DataType, DecimalType, DoubleType, LongType
 
-from jobs.curated_zone import OWN_PREFIX
+from jobs.curated_zone import CHANGE_FEED_NAMES, OWN_PREFIX
 from jobs.transform.number_columns import MAX_DIGITS, number_type
 
 # Ties between kinds are broken in this order (most values wins first).
@@ -176,20 +176,31 @@ class FieldCensus:
 Census = dict[str, FieldCensus]  # a document level's fields by name
 
 
+def reserved(lowered: str) -> bool:
+    """Whether a field name (lower-cased) is one no column may have: Tidemark's own, or one
+    Delta's change data feed reads into its own columns."""
+    return lowered.startswith(OWN_PREFIX) or lowered in CHANGE_FEED_NAMES
+
+
+def every_name_a_column(document: dict[str, Any]) -> bool:
+    """Whether `column_names` keeps every name of this level (the common case, checked
+    fast): none reserved, no two differing only in case."""
+    lowered = {name.lower() for name in document}
+    return len(lowered) == len(document) and not any(reserved(n) for n in lowered)
+
+
 def column_names(document: dict[str, Any]) -> list[str]:
-    """The names of one document level that may have columns: not Tidemark's own, and of
-    names differing only in case, the document's first (Delta holds names regardless of
-    case)."""
-    lowered = [name.lower() for name in document]
-    if len(set(lowered)) == len(lowered) and not any(n.startswith(OWN_PREFIX) for n in lowered):
-        return list(document)  # the common case: every name
+    """The names of one document level that may have columns: not `reserved`, and of names
+    differing only in case, the document's first (Delta holds names regardless of case)."""
+    if every_name_a_column(document):
+        return list(document)
     taken: set[str] = set()
     names = []
     for name in document:
         if name.lower() in taken:
             continue
         taken.add(name.lower())
-        if not name.lower().startswith(OWN_PREFIX):
+        if not reserved(name.lower()):
             names.append(name)
     return names
 

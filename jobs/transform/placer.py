@@ -32,7 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from jobs.transform.field_census import column_names
+from jobs.transform.field_census import column_names, every_name_a_column
 from jobs.transform.number_columns import INT_RANGE, held, stored
 from jobs.transform.type_rule import BSON_KIND, FIRST_INSTANT, LAST_INSTANT, NUMBERS, OBJECT_ID
 
@@ -48,7 +48,7 @@ def placer(schema: StructType) -> Placer:
     def place(document: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         row: dict[str, Any] = {}
         residual: dict[str, Any] = {}
-        named = None if _plain_names(document) else set(column_names(document))
+        named = None if every_name_a_column(document) else set(column_names(document))
         for name, value in document.items():
             column = columns.get(name)
             if column is None or (named is not None and name not in named):
@@ -64,13 +64,6 @@ def placer(schema: StructType) -> Placer:
         return row, residual
 
     return place
-
-
-def _plain_names(document: dict[str, Any]) -> bool:
-    """Whether every name may have a column (`column_names` keeps them all): no two differ
-    only in case and none starts like Tidemark's own."""
-    lowered = {name.lower() for name in document}
-    return len(lowered) == len(document) and not any(n.startswith("_tm_") for n in lowered)
 
 
 def _column(field: StructField) -> Column:

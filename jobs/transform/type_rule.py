@@ -19,10 +19,11 @@ One rule for `current`'s typed columns, pure (Spark's type objects, no session):
 - an ObjectId goes to a string column marked in its metadata, so that an ObjectId and a
   string never share a column; every other BSON type (regex, BSON timestamps, MinKey,
   MaxKey, code, UUIDs and other binary subtypes) always goes to the residual;
-- a field named like Tidemark's own columns (`OWN_PREFIX`), or differing only in case from an
-  earlier field of the same document level, from a column, or from a name that sorts before
-  it in the same run (Delta holds names regardless of case), has no column: its value goes
-  to the residual.
+- a field named like Tidemark's own columns (`OWN_PREFIX`) or like the columns Delta's change
+  data feed adds (`_change_type`, `_commit_version`, `_commit_timestamp`), or differing only
+  in case from an earlier field of the same document level, from a column, or from a name
+  that sorts before it in the same run (Delta holds names regardless of case), has no
+  column: its value goes to the residual.
 """
 
 from __future__ import annotations
