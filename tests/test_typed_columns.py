@@ -85,3 +85,38 @@ def test_the_oracles_row_check_passes_typed_rows_and_fails_a_wrong_or_lost_value
         if scalar:
             wrong = {**row, scalar[0]: [row[scalar[0]]]}
             assert row_disagreements(wrong, text, columns, RESIDUAL)
+
+
+def _nested(depth: int) -> str:
+    return '{"a": ' * depth + '{"$numberInt": "1"}' + "}" * depth
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # MongoDB stores a name repeated at one level as given; a dict keeps one of them.
+        '{"_id": {"$numberInt": "1"}, "a": {"$numberInt": "1"}, "a": "two"}',
+        # A DBRef-shaped sub-document: Python's DBRef writes $ref before $id.
+        '{"_id": {"$numberInt": "2"}, "r": {"$id": {"$numberInt": "1"}, "$ref": "c"}}',
+        '{"_id": {"$numberInt": "3"}, "a": {"$symbol": "s"}}',  # decoded as a plain string
+        '{"_id": {"$numberInt": "4"}, "a": {"$undefined": true}}',  # decoded as null
+        '{"_id": {"$numberInt": "5"}, "a": ' + _nested(98) + "}",  # past libbson's JSON parser
+    ],
+)
+def test_a_document_python_cannot_give_back_exactly_is_kept_whole_in_the_residual(text):
+    schema = schema_for(StructType([]), [{"_id": 1, "a": 1, "r": {"x": 1}}])
+    row = typed_struct(pa.array([text], pa.string()), schema).to_pylist()[0]
+    assert row.pop(RESIDUAL) == text
+    assert set(row.values()) == {None}, row  # nothing placed, so nothing half-placed
+
+
+def test_a_document_python_gives_back_exactly_is_placed():
+    text = '{"_id": {"$numberInt": "1"}, "a": {"$numberInt": "1"}, "r": {"x": "y"}}'
+    schema = schema_for(StructType([]), [{"_id": 1, "a": 1, "r": {"x": 1}}])
+    row = typed_struct(pa.array([text], pa.string()), schema).to_pylist()[0]
+    assert row["a"] == 1 and row["r"] == {"x": None}
+    assert decoded_residual(row[RESIDUAL]) == {"r": {"x": "y"}}
+
+
+def decoded_residual(text: str) -> dict:
+    return bson.decode(bsonjs.loads(text), CODEC)
