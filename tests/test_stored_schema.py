@@ -16,7 +16,14 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.transform.stored_schema import OBJECT_ID_PATHS, ddl, read, stored_metadata
+from jobs.transform.stored_schema import (
+    OBJECT_ID_PATHS,
+    ddl,
+    nested_paths,
+    paths_property,
+    read,
+    stored_metadata,
+)
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID, schema_for
 from tests.test_type_rule import documents
 
@@ -54,3 +61,18 @@ def test_a_nested_marker_is_a_path_and_odd_names_are_quoted():
         "array<struct<`a b``c`: string, `ids`: array<string>, `d`: decimal(38, 2)>>"
     )
     assert read(_stored(schema)) == schema
+
+
+def test_markers_of_sub_fields_a_later_run_adds_come_back_from_the_table_property():
+    oid = {BSON_KIND: OBJECT_ID}
+    first = StructType([StructField("a", StringType(), True, oid)])
+    later = StructType([*first.fields, StructField("it's", ArrayType(StringType()), True, oid)])
+    made, grown = StructType([StructField("r", first)]), StructType([StructField("r", later)])
+    # Delta's schema evolution keeps the column's metadata from when the table was made.
+    table = StructType(
+        [StructField("r", _stored(grown)["r"].dataType, True, _stored(made)["r"].metadata)]
+    )
+    key, value = paths_property(grown)
+    assert key == OBJECT_ID_PATHS and nested_paths(grown) == {"r": ['["a"]', '["it\'s"]']}
+    assert read(table) != grown  # the column's metadata alone misses the later sub-field
+    assert read(table, value) == grown

@@ -120,13 +120,13 @@ def test_rerun_and_redelivery_change_nothing(
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == before
 
 
-def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hides(
+def test_current_types_odd_values_and_object_ids_at_any_depth_and_a_delete_leaves_it(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    """One Python pass per event: the plain JSON a run renders beside its change-log rows
-    types `current`'s columns (in the first run and a later one alike) exactly as parsing
-    `flatten` of the row's canonical document would, and neither `current` nor `changes`
-    keeps it as a column; a delete leaves `current` and is a tombstone of `removed`."""
+    """Values with no column (a regex, a UUID) go to the residual; ObjectIds inside
+    sub-documents are marked, also when a later run adds them to an existing column (so a
+    string there goes to the residual); a delete leaves `current` and is a tombstone of
+    `removed`."""
     stream = make_stream()
     drain(stream, raw_client, sqlite_store, lake)
     coll = client[db_name]["orders"]
@@ -159,6 +159,21 @@ def test_current_takes_the_plain_json_the_change_log_rendered_which_changes_hide
     assert tombstones == [("orders", '{ "_id" : { "$numberInt" : "3" } }')]
     changes = read_changes(spark, sqlite_store, lake, stream.name)
     assert sorted(changes.columns) == sorted(names(CHANGES_COLUMNS))
+
+    # An ObjectId sub-field a later run adds to the existing `ref`: Delta's schema evolution
+    # keeps the column's metadata, so its marker is a table property (the adversary's find).
+    coll.insert_one({"_id": "o2", "ref": {"id": OID, "it's": OID}})  # a quote: SQL text
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
+    coll.insert_one({"_id": "o3", "ref": {"it's": str(OID)}})  # a string, not an ObjectId
+    drain(stream, raw_client, sqlite_store, lake)
+    assert transform(spark, sqlite_store, lake, stream).kind == "merge"
+    current = exact_documents(spark, sqlite_store, lake, stream.name)
+    rows = {r._tm_key.split('"')[-2]: r for r in current.where("_tm_key LIKE '%\"o%'").collect()}
+    assert (rows["o2"].ref["it's"], decoded(rows["o2"]._tm_residual)) == (str(OID), {"_id": "o2"})
+    assert rows["o3"].ref["it's"] is None
+    assert decoded(rows["o3"]._tm_residual) == {"_id": "o3", "ref": {"it's": str(OID)}}
+    assert typed_columns_differ(current) == []
 
 
 def test_a_run_whose_batches_repeat_events_logs_each_once(

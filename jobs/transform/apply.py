@@ -13,9 +13,8 @@ its document. Its rows name the run that wrote them: a repeat of a killed run re
 earlier runs removed, exactly as the first attempt did, so it plans the same commits.
 
 Documents are typed by `type_rule` from each segment's census (`typed_columns`): a new field
-adds a column (Delta schema evolution); a value that does not fit its column goes to the
-residual, so no table is rewritten for a type. A table written before that layout, or keyed
-by type (`KEY_RULE`), is rewritten once (`_rewrite`)."""
+adds a column (Delta schema evolution), a misfit value goes to the residual; no table is
+rewritten for a type, only once if written before that layout or keyed by type (`_rewrite`)."""
 
 from __future__ import annotations
 
@@ -52,6 +51,7 @@ from jobs.transform.delta_io import (
     current_properties,
     is_table,
     needs_column_mapping,
+    table_property,
     table_ref,
 )
 from jobs.transform.field_census import Census
@@ -70,7 +70,7 @@ from jobs.transform.fold import (
     rekeyed_removals,
     tombstones_of,
 )
-from jobs.transform.type_rule import schema_changes, schema_from, schema_frozen
+from jobs.transform.type_rule import add_changes, schema_changes, schema_from, schema_frozen
 from jobs.transform.typed_columns import DELETED, run_census, with_typed_columns
 from tidemark.object_path import LakePath
 
@@ -138,12 +138,13 @@ class Fold:
         if TM_RESIDUAL not in schema.fieldNames() or TM_DOCUMENT in schema.fieldNames():
             self.old_layout.add(ns)
         own = [f for f in schema.fields if not f.name.startswith(OWN_PREFIX)]
-        return stored_schema.read(StructType(own))
+        marks = table_property(self.spark, path, stored_schema.OBJECT_ID_PATHS)
+        return stored_schema.read(StructType(own), marks)
 
     def _documents(self, rows: DataFrame) -> DataFrame:
         """`rows` of `current` with their documents, from the stream's change logs."""
-        writer = self.writer
-        return with_documents(self.spark, rows, writer.lake_root, writer.stream, self.namespaces)
+        w = self.writer
+        return with_documents(self.spark, rows, w.lake_root, w.stream, self.namespaces)
 
     def _earlier_removals(self) -> DataFrame | None:
         """`removed` as earlier runs left it (see the module docstring)."""
@@ -258,9 +259,8 @@ class Fold:
         self._merge_current(ns, with_typed_columns(rows, schema, KEPT), merge)
 
     def _schema_for(self, ns: Namespace, counted: Census, slot: int) -> StructType:
-        """The table's schema with the columns the census brings (`type_rule`); a table
-        written before the rule (no TM_RESIDUAL) or keyed by type is rewritten in it first
-        (in `slot`), its own documents counted too."""
+        """The table's schema with the columns the census brings (`type_rule`); a table in an
+        old layout (`_rewrite`) is rewritten in it first (in `slot`), its documents counted."""
         old = self._table_schema(ns)
         upgrade = ns in self.old_layout
         if upgrade:
@@ -272,11 +272,12 @@ class Fold:
         if self.frozen and old.fields and not upgrade and changes["added"] + changes["widened"]:
             raise schema_frozen(key, changes)
         if changes["added"] or changes["widened"]:
-            report = self.result.schema.setdefault(key, {"added": [], "widened": []})
-            report["added"] += [c for c in changes["added"] if c not in report["added"]]
-            report["widened"] += [c for c in changes["widened"] if c not in report["widened"]]
-        if is_table(self._current(ns)) and needs_column_mapping(merged) > needs_column_mapping(old):
-            self.writer.map_columns(self._current(ns))  # before a name that needs it arrives
+            add_changes(self.result.schema.setdefault(key, {"added": [], "widened": []}), changes)
+        path = self._current(ns)
+        if is_table(path) and needs_column_mapping(merged) > needs_column_mapping(old):
+            self.writer.map_columns(path)  # before a name that needs it arrives
+        if is_table(path) and stored_schema.nested_paths(merged) != stored_schema.nested_paths(old):
+            self.writer.set_property(path, *stored_schema.paths_property(merged))  # see there
         if upgrade or ns in self.typed_keys:
             self._rewrite(ns, merged, slot)
         self.result.tables[ns] = merged
@@ -366,10 +367,9 @@ class Fold:
             self._rename(event)
             return
         coll = None if op == "dropDatabase" else event.coll
-        db = event.db
-        for ns in self._in_scope(db, coll):
+        for ns in self._in_scope(event.db, coll):
             self._clear(ns, event)
-        self._barrier(db, coll, event)
+        self._barrier(event.db, coll, event)
 
     def _rename(self, event: Any) -> None:
         source: Namespace = (event.db, event.coll)

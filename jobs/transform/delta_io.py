@@ -85,6 +85,12 @@ def needs_column_mapping(dtype: DataType) -> bool:
     return False
 
 
+def table_property(spark: Any, path: LakePath, key: str) -> str | None:
+    """One property of the table at `path` (a command, no Spark job), None when unset."""
+    rows = spark.sql(f"SHOW TBLPROPERTIES {table_ref(path)}").collect()
+    return next((r["value"] for r in rows if r["key"] == key), None)
+
+
 def is_table(path: LakePath) -> bool:
     return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
 
@@ -233,13 +239,19 @@ class RunWriter:
         ((key, value),) = COLUMN_MAPPING.items()
         self._set_property(path, key, value)
 
+    def set_property(self, path: LakePath, key: str, value: str) -> None:
+        """Set one of Tidemark's own table properties; idempotent and unmarked, as
+        `set_change_feed`."""
+        self._set_property(path, key, value)
+
     def _set_property(self, path: LakePath, key: str, value: str) -> None:
         conf = self.spark.conf
         mark = conf.get(MARK, None)
         conf.unset(MARK)
+        text = value.replace("\\", "\\\\").replace("'", "\\'")  # a SQL string literal
         try:
             self.spark.sql(
-                f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{key}' = '{value}')"
+                f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{key}' = '{text}')"
             ).collect()
         finally:
             if mark is not None:

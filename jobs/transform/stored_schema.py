@@ -8,7 +8,10 @@ Two things of Spark Connect shape how the typed columns are written:
 - so field metadata can be given only where an alias gives it, on a top-level column. The
   type rule marks ObjectId fields at any depth (`type_rule.BSON_KIND`); a top-level column
   stores the paths of its marked sub-fields in its own metadata (`OBJECT_ID_PATHS`), and
-  `read` puts the markers back where the rule expects them.
+  `read` puts the markers back where the rule expects them;
+- Delta's schema evolution keeps an existing column's metadata, so the paths of sub-fields a
+  later run adds to an existing column go to the table property of the same name (a JSON
+  object of each column's paths, `paths_property`), set before the write that adds them.
 
 Pure: Spark's type objects only.
 """
@@ -52,11 +55,27 @@ def _marked(dtype: DataType, path: list[str]) -> list[list[str]]:
     return found
 
 
+def _paths(field: StructField) -> list[str]:
+    return [json.dumps(path) for path in _marked(field.dataType, [])]
+
+
 def stored_metadata(field: StructField) -> dict:
     """A top-level column's metadata as `current` stores it: its own, plus the paths of its
     marked sub-fields."""
-    paths = [json.dumps(path) for path in _marked(field.dataType, [])]
+    paths = _paths(field)
     return {**field.metadata, OBJECT_ID_PATHS: paths} if paths else dict(field.metadata)
+
+
+def nested_paths(schema: StructType) -> dict[str, list[str]]:
+    """The paths of each top-level column's marked sub-fields, for the columns with any."""
+    return {f.name: paths for f in schema.fields if (paths := _paths(f))}
+
+
+def paths_property(schema: StructType) -> tuple[str, str]:
+    """The table property `OBJECT_ID_PATHS` for a table of `schema`, as (key, value): set
+    before the write that adds the sub-fields, so that a repeat of a run killed between the
+    two finds them marked."""
+    return OBJECT_ID_PATHS, json.dumps(nested_paths(schema), sort_keys=True)
 
 
 def _mark(dtype: DataType, path: list[str]) -> DataType:
@@ -74,13 +93,15 @@ def _mark(dtype: DataType, path: list[str]) -> DataType:
     return StructType(fields)
 
 
-def read(schema: StructType) -> StructType:
-    """A schema read from `current` with its stored markers back on their sub-fields."""
+def read(schema: StructType, paths: str | None = None) -> StructType:
+    """A schema read from `current` with its stored markers back on their sub-fields: those
+    in its columns' metadata and those of the table property `paths` (`paths_property`)."""
+    later = json.loads(paths) if paths else {}
     fields = []
     for f in schema.fields:
         metadata = dict(f.metadata)
         dtype = f.dataType
-        for path in metadata.pop(OBJECT_ID_PATHS, []):
+        for path in [*metadata.pop(OBJECT_ID_PATHS, []), *later.get(f.name, [])]:
             dtype = _mark(dtype, json.loads(path))
         fields.append(StructField(f.name, dtype, f.nullable, metadata))
     return StructType(fields)

@@ -258,6 +258,12 @@ def schema_changes(old: StructType, new: StructType) -> dict[str, list[str]]:
     return {"added": added, "widened": widened}
 
 
+def add_changes(report: dict[str, list[str]], changes: dict[str, list[str]]) -> None:
+    """A table's `schema_changes` added to a run's report of them, each once."""
+    for kind in ("added", "widened"):
+        report[kind] += [c for c in changes[kind] if c not in report[kind]]
+
+
 def schema_frozen(collection: str, changes: dict[str, list[str]]) -> SchemaFrozen:
     """The error of a stream with `schema: freeze` whose documents made `changes`."""
     return SchemaFrozen(
