@@ -430,7 +430,8 @@ def _openable(table: Path, tmp_path: Path) -> Path:
     if "%" not in str(table):
         return table
     copy = tmp_path / "delta-rs" / str(abs(hash(table)))
-    shutil.copytree(table, copy)
+    if not copy.exists():  # each collection's check opens every change log of the stream
+        shutil.copytree(table, copy)
     return copy
 
 
