@@ -231,20 +231,16 @@ class RunWriter:
     def set_change_feed(self, path: LakePath, enabled: bool) -> None:
         """Turn the table's change feed on or off. Idempotent, so never marked, even inside
         a marked write (`overwrite`): a mark names the one commit that holds a slot's rows."""
-        self._set_property(path, "delta.enableChangeDataFeed", "true" if enabled else "false")
+        self.set_property(path, "delta.enableChangeDataFeed", "true" if enabled else "false")
 
     def map_columns(self, path: LakePath) -> None:
         """Turn on column mapping (`COLUMN_MAPPING`) before a column needs it; idempotent and
         unmarked, as `set_change_feed`."""
         ((key, value),) = COLUMN_MAPPING.items()
-        self._set_property(path, key, value)
+        self.set_property(path, key, value)
 
     def set_property(self, path: LakePath, key: str, value: str) -> None:
-        """Set one of Tidemark's own table properties; idempotent and unmarked, as
-        `set_change_feed`."""
-        self._set_property(path, key, value)
-
-    def _set_property(self, path: LakePath, key: str, value: str) -> None:
+        """Set one table property; idempotent, so never marked (as `set_change_feed`)."""
         conf = self.spark.conf
         mark = conf.get(MARK, None)
         conf.unset(MARK)
