@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, Field
 
 from resources.delta import delta_jvm_settings
+from resources.jvm_archive import archive_options
 from resources.spark_code import ship_code
 from tidemark.errors import (
     SparkUnavailable,
@@ -101,18 +102,36 @@ def check_java() -> Path:
     return java
 
 
-def _conf_dir() -> str:
-    """A SPARK_CONF_DIR whose log4j2 config is at level error, so Spark starts quietly."""
-    directory = Path(tempfile.gettempdir()) / "tidemark-spark-conf"
+def _spark_dir(name: str) -> Path:
+    directory = Path(tempfile.gettempdir()) / name
     directory.mkdir(exist_ok=True)
-    target = directory / "log4j2.properties"
+    return directory
+
+
+def _log_config() -> str:
+    """A log4j2 config at level error, so Spark starts quietly; its path."""
+    target = _spark_dir("tidemark-spark-log") / "log4j2.properties"
     if not target.exists() or target.read_text() != _LOG4J:
         # Several processes may start Spark at once (test workers, a UI's runs): each writes
         # a file of its own and renames it into place, so none reads a half-written config.
-        staged = directory / f".log4j2.{os.getpid()}.{threading.get_ident()}"
+        staged = target.parent / f".log4j2.{os.getpid()}.{threading.get_ident()}"
         staged.write_text(_LOG4J)
         staged.replace(target)
-    return str(directory)
+    return str(target)
+
+
+def _conf_dir() -> str:
+    """An empty SPARK_CONF_DIR. Spark puts it first on the driver's class path, and a JVM maps
+    its class archive (`resources.jvm_archive`) only when no directory there holds a file: the
+    log config is passed by path instead (`driver_java_options`)."""
+    return str(_spark_dir("tidemark-spark-conf-empty"))
+
+
+def driver_java_options(config: SparkConfig) -> str:
+    """The options of a driver JVM started here: the quiet log config, the class archive when
+    `make install` built one, then the config's own."""
+    log = f"-Dlog4j2.configurationFile={_log_config()}"
+    return " ".join(filter(None, [log, archive_options(), config.java_options]))
 
 
 def session_settings(config: SparkConfig) -> dict[str, str]:
@@ -149,8 +168,7 @@ def jvm_settings(config: SparkConfig) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": config.driver_memory,  # only honoured before the JVM starts
     }
-    if config.java_options:
-        settings["spark.driver.extraJavaOptions"] = config.java_options
+    settings["spark.driver.extraJavaOptions"] = driver_java_options(config)
     if config.master.startswith("local"):
         settings["spark.driver.bindAddress"] = "127.0.0.1"
         settings["spark.driver.host"] = "127.0.0.1"
@@ -185,7 +203,12 @@ LARGE_VALUE_PARQUET = {
 def local_environment(config: SparkConfig) -> dict[str, str]:
     """The environment a driver JVM started here needs: quiet logs, and Python UDF workers
     running this interpreter (its venv has pandas, bsonjs, pymongo)."""
-    env = {"SPARK_CONF_DIR": _conf_dir(), "PYSPARK_PYTHON": sys.executable}
+    env = {
+        "SPARK_CONF_DIR": _conf_dir(),
+        "PYSPARK_PYTHON": sys.executable,
+        # A standalone master's and worker's own JVMs (`spark-class`): the same quiet logs.
+        "SPARK_DAEMON_JAVA_OPTS": f"-Dlog4j2.configurationFile={_log_config()}",
+    }
     if config.master.startswith("local"):
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
     return env
