@@ -75,3 +75,9 @@ def test_catalog_scale_benchmark_smoke():
     assert "| 0 | 6 |" in out and "| 6 | 18 |" in out
     assert "| collections | asset nodes | webserver start to location loaded |" in out
     assert out.rstrip().endswith("| 3 of 3 |")  # s1's three collections drawn in its graph
+
+
+@pytest.mark.slow
+def test_jvm_start_benchmark_smoke():
+    out = _run("benchmarks.jvm_start", "--rounds", "1")
+    assert "| with the class archive |" in out and "| without the class archive |" in out
