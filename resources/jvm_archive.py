@@ -3,8 +3,9 @@ once at `make install`, mapped by every Spark driver JVM this machine starts aft
 
 A Spark driver loads its classes from ~320 jars (the wheel's 277, Delta's 46) as its first
 queries need them; a short run (a scheduled run with a JVM of its own, a CLI command, a test's
-child process) spends much of its CPU there. Measured here (a session, one Delta write and one MERGE, `-XX:TieredStopAtLevel=1`):
-28 CPU-s and 23 s without the archive, 19 CPU-s and 15 s with it (`benchmarks/jvm_start.py`).
+child process) spends much of its CPU there. Measured here (a session, one Delta write and one
+MERGE, `-XX:TieredStopAtLevel=1`): 28 CPU-s and 23 s without the archive, 19 CPU-s and 15 s
+with it (`benchmarks/jvm_start.py`).
 
 The archive is a dynamic one (`-XX:ArchiveClassesAtExit`, JDK 13+), written by a training run
 (`python -m resources.jvm_archive`) that exercises what the transform uses: Delta writes, a
