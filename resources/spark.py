@@ -127,6 +127,13 @@ def _conf_dir() -> str:
     return str(_spark_dir("tidemark-spark-conf-empty"))
 
 
+def quiet_conf_dir() -> str:
+    """A SPARK_CONF_DIR holding only the quiet log config, for JVMs that map no class archive
+    and take no driver options: a standalone master's and worker's, and through a worker's
+    environment its executors'."""
+    return str(Path(_log_config()).parent)
+
+
 def driver_java_options(config: SparkConfig) -> str:
     """The options of a driver JVM started here: the quiet log config, the class archive when
     `make install` built one, then the config's own."""
@@ -203,12 +210,7 @@ LARGE_VALUE_PARQUET = {
 def local_environment(config: SparkConfig) -> dict[str, str]:
     """The environment a driver JVM started here needs: quiet logs, and Python UDF workers
     running this interpreter (its venv has pandas, bsonjs, pymongo)."""
-    env = {
-        "SPARK_CONF_DIR": _conf_dir(),
-        "PYSPARK_PYTHON": sys.executable,
-        # A standalone master's and worker's own JVMs (`spark-class`): the same quiet logs.
-        "SPARK_DAEMON_JAVA_OPTS": f"-Dlog4j2.configurationFile={_log_config()}",
-    }
+    env = {"SPARK_CONF_DIR": _conf_dir(), "PYSPARK_PYTHON": sys.executable}
     if config.master.startswith("local"):
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
     return env

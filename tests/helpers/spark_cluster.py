@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resources.processes import free_port
-from resources.spark import SparkConfig, check_java, local_environment
+from resources.spark import SparkConfig, check_java, local_environment, quiet_conf_dir
 from resources.spark_server import ConnectServer, running_server, spark_home, stop_server
 
 START_TIMEOUT_S = 120
@@ -86,7 +86,10 @@ def start_cluster(directory: Path, home: Path) -> SparkCluster:
     spark_class = str(spark_home() / "bin" / "spark-class")
     env = {
         **os.environ,
-        **local_environment(SparkConfig(master="local")),  # quiet logs, loopback
+        **local_environment(SparkConfig(master="local")),  # loopback, the workers' Python
+        # Quiet logs for the daemons and the executors they start (not drivers: their class
+        # archive needs an empty conf dir, and they take the log config by path).
+        "SPARK_CONF_DIR": quiet_conf_dir(),
         "SPARK_HOME": str(spark_home()),
     }
     env.pop("PYTHONPATH", None)
