@@ -40,8 +40,9 @@ def archive_options(prefix: Path | None = None) -> str:
     return f"-XX:SharedArchiveFile={path} {_QUIET}" if path.is_file() else ""
 
 
-def build(prefix: Path | None = None) -> Path:
-    """Train a driver JVM and keep its archive (replacing an older one whole)."""
+def build(prefix: Path | None = None) -> Path | None:
+    """Train a driver JVM and keep its archive (replacing an older one whole); its path, or
+    None when the training failed (then no archive is left)."""
     target = archive_path(prefix)
     target.parent.mkdir(parents=True, exist_ok=True)
     staged = target.with_suffix(".jsa.part")
@@ -63,7 +64,7 @@ def build(prefix: Path | None = None) -> Path:
             file=sys.stderr,
         )
         staged.unlink(missing_ok=True)
-        return target
+        return None
     staged.replace(target)
     return target
 
@@ -110,5 +111,5 @@ def _train(archive: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--train"]:
         _train(Path(sys.argv[2]))
-    else:
-        print(build())
+    elif (built := build()) is not None:
+        print(built)
