@@ -66,6 +66,17 @@ def test_transform_benchmark_smoke():
 
 
 @pytest.mark.slow
+def test_fold_collections_benchmark_smoke():
+    out = _run(
+        "benchmarks.fold_collections",
+        *("--collections", "2", "--documents", "50", "--changes", "10", "--rounds", "1"),
+    )
+    for stream in ("vectors_always", "vectors_when_large"):
+        assert f"| first load | {stream} |" in out and f"| 10 updates | {stream} |" in out
+    assert "| anchor: full recompute |" in out
+
+
+@pytest.mark.slow
 def test_catalog_scale_benchmark_smoke():
     out = _run(
         "benchmarks.catalog_scale", "--collections", "0", "6", "--streams", "2", "--repeats", "1"

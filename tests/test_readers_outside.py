@@ -135,16 +135,18 @@ def test_every_readme_reader_line_reads_current_as_spark_does(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
     orders = client[db_name]["orders"]
-    stream = make_stream()
+    # Deletion vectors from the table's first byte: made without them, on from the next run.
+    stream = make_stream(deletion_vectors_from_bytes=1)
     drain(stream, raw_client, sqlite_store, lake)
     orders.insert_many([_document(n) for n in range(40)])  # files the MERGE only marks
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+    assert "deletionVectors" not in (DeltaTable(str(path)).protocol().reader_features or [])
     orders.delete_one({"_id": 3})
     orders.update_one({"_id": 4}, {"$set": {"count": 40, "address.city": "moved"}})
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)  # a MERGE: deletion vectors
-    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
 
     protocol = DeltaTable(str(path)).protocol()
     assert "deletionVectors" in (protocol.reader_features or [])
@@ -169,6 +171,32 @@ def test_every_readme_reader_line_reads_current_as_spark_does(
         assert _rows(_read(engine, spark, path)) == expected, engine
     with pytest.raises(Exception, match="columnMapping"):  # as the README says
         _read("Polars", spark, path)
+
+
+def test_a_small_current_has_no_deletion_vectors_and_every_reader_reads_it(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """Below `deletion_vectors_from_bytes` a MERGE rewrites the files it touches: the table
+    has no deletion vectors, so delta-rs's `to_pyarrow_table` and Polars read it too."""
+    orders = client[db_name]["orders"]
+    stream = make_stream()  # the default: 16 MB
+    drain(stream, raw_client, sqlite_store, lake)
+    orders.insert_many([_document(n) for n in range(40)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    orders.delete_one({"_id": 3})
+    orders.update_one({"_id": 4}, {"$set": {"count": 40}})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
+
+    table = DeltaTable(str(path))
+    assert "deletionVectors" not in (table.protocol().reader_features or [])
+    assert not _files_with_deletion_vectors(path)
+    expected = _rows(_read("Spark", spark, path))
+    assert sorted(r["_id"] for r in expected) == [n for n in range(40) if n != 3]
+    assert _rows(table.to_pyarrow_table()) == expected
+    assert _rows(polars.read_delta(str(path))) == expected
 
 
 def test_a_reader_between_a_runs_commits_sees_a_real_past_state_in_event_order(

@@ -6,6 +6,7 @@ failed with their first differences, and the step log; `scripts/soak.py` runs it
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,25 @@ def test_torture(seed, mongod, spark, tmp_path):
     )
     print(text)
     assert ok, text
+    # The variants' deletion vectors were really written (stream_variants): from the first
+    # commit in ords_tiny, and in db_a once a table passed VECTORS_FROM.
+    always = _current_tables(tmp_path / "lake", "ords_tiny")
+    assert always and _with_vectors(tmp_path / "lake", "ords_tiny") == always
+    assert _with_vectors(tmp_path / "lake", "db_a"), "no db_a table reached VECTORS_FROM"
+
+
+def _current_tables(lake: Path, stream: str) -> set[Path]:
+    return {log.parent for log in (lake / "curated" / stream).glob("*/*/current/_delta_log")}
+
+
+def _with_vectors(lake: Path, stream: str) -> set[Path]:
+    """The stream's `current` tables whose log turned deletion vectors on."""
+    on = '"delta.enableDeletionVectors":"true"'
+    return {
+        log
+        for log in _current_tables(lake, stream)
+        if any(on in commit.read_text() for commit in log.glob("*.json"))
+    }
 
 
 @pytest.mark.slow

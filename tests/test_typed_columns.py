@@ -20,6 +20,7 @@ from jobs.transform.typed_columns import (
     DELETED,
     RESIDUAL,
     census_batches,
+    census_by_namespace_batches,
     typed_struct,
     typed_type,
 )
@@ -47,6 +48,35 @@ def test_a_partitions_census_row_is_the_census_of_its_documents(batch, size):
     (row,) = census_batches(iter(parts))
     (text,) = row.column(CENSUS).to_pylist()
     assert from_json(text) == census([d for d in batch if d])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), documents)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(1, 3),
+)
+def test_a_partitions_census_per_collection_names_each_collection_with_its_census(rows, size):
+    """One row per collection among the partition's rows (one holding deletes alone too),
+    each the census of that collection's documents only."""
+    colls = pa.array([coll for coll, _ in rows], pa.string())
+    dbs = pa.array(["d"] * len(rows), pa.string())
+    texts = _texts([document for _, document in rows])
+    parts = [
+        pa.RecordBatch.from_arrays(
+            [dbs.slice(i, size), colls.slice(i, size), texts.slice(i, size)], ["db", "c", "t"]
+        )
+        for i in range(0, len(rows), size)
+    ]
+    (out,) = census_by_namespace_batches(iter(parts))
+    columns = [out.column(n).to_pylist() for n in ("db", "coll", CENSUS)]
+    found = {(db, coll): from_json(text) for db, coll, text in zip(*columns, strict=True)}
+    assert set(found) == {("d", coll) for coll, _ in rows}
+    for (_, coll), counted in found.items():
+        assert counted == census([d for c, d in rows if c == coll and d])
 
 
 @settings(max_examples=200, deadline=None)

@@ -145,6 +145,9 @@ class StreamConfig(BaseModel):
     # the run before `current` changes, naming the fields (the key is `schema` in the file).
     schema_policy: Literal["evolve", "freeze"] = Field("evolve", alias="schema")
     keep_versions: Annotated[int, Field(ge=1, le=1000)] = 5
+    # A collection's `current` (and the stream's `removed`) gets Delta's deletion vectors once
+    # its live files reach this many bytes (0: from its first commit); see the README.
+    deletion_vectors_from_bytes: Annotated[int, Field(ge=0)] = 16 << 20
     compaction: Compaction = Field(default_factory=Compaction)
     schedule: str = "*/5 * * * *"  # cron of the Dagster schedule
     replay: Replay = Field(default_factory=Replay)

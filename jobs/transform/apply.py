@@ -71,7 +71,12 @@ from jobs.transform.fold import (
     tombstones_of,
 )
 from jobs.transform.type_rule import add_changes, schema_changes, schema_from, schema_frozen
-from jobs.transform.typed_columns import DELETED, run_census, with_typed_columns
+from jobs.transform.typed_columns import (
+    DELETED,
+    run_census,
+    run_census_by_namespace,
+    with_typed_columns,
+)
 from tidemark.object_path import LakePath
 
 KEPT = [c for c in names(CURRENT_META) if c != TM_RESIDUAL]  # the residual is made, not kept
@@ -212,10 +217,11 @@ class Fold:
         if shuffled or removals is not None or self.facts.other_keys:
             # Held once: each collection's MERGE and the tombstones read it.
             latest = held(latest, self.facts.large)
-        for ns in self._namespaces_of(latest):
+        counted = run_census_by_namespace(latest.select(TM_DB, TM_COLL, TM_DOCUMENT))
+        for ns in self._namespaces_of(counted):
             self._reach(ns)
             in_ns = (F.col(TM_DB) == F.lit(ns[0])) & (F.col(TM_COLL) == F.lit(ns[1]))
-            self._merge_rows(ns, latest.where(in_ns))
+            self._merge_rows(ns, latest.where(in_ns), counted.get(ns, {}))
         slot = self.writer.slot()
         if self.facts.deletes:
             deletes = latest.where(F.col(TM_DELETED)).select(
@@ -241,21 +247,20 @@ class Fold:
         newest = winners.where(F.col("_w").isNull() | (F.col(TM_EVENT_ID) == F.col("_w")))
         return newest.drop("_w"), True
 
-    def _namespaces_of(self, latest: DataFrame) -> list[Namespace]:
-        """The collections among the rows: the run's one collection with no Spark job, else a
-        distinct over the two narrow columns."""
+    def _namespaces_of(self, counted: dict[Namespace, Census]) -> list[Namespace]:
+        """The collections a segment folds into: the run's one collection (its table is made
+        even by a segment with no rows), else those its census found."""
         if len(self.run_namespaces) == 1:
             return self.run_namespaces
-        found = latest.select(TM_DB, TM_COLL).distinct().collect()
-        return sorted((r[TM_DB], r[TM_COLL]) for r in found)
+        return sorted(counted)
 
     # -- current -------------------------------------------------------------------------
 
-    def _merge_rows(self, ns: Namespace, rows: DataFrame) -> None:
-        """MERGE the newest rows of a segment into the collection's `current`."""
+    def _merge_rows(self, ns: Namespace, rows: DataFrame, counted: Census) -> None:
+        """MERGE the newest rows of a segment into the collection's `current`; `counted` is
+        the census of their documents."""
         rewrite, merge = self.writer.slot(), self.writer.slot()
-        documents = rows.where(~F.col(TM_DELETED)).select(TM_DOCUMENT)
-        schema = self._schema_for(ns, run_census(documents), rewrite)
+        schema = self._schema_for(ns, counted, rewrite)
         self._merge_current(ns, with_typed_columns(rows, schema, KEPT), merge)
 
     def _schema_for(self, ns: Namespace, counted: Census, slot: int) -> StructType:
@@ -297,9 +302,10 @@ class Fold:
         path = self._current(ns)
         if not is_table(path):
             live = marked_by_value(typed.where(~F.col(TM_RESIDUAL).eqNullSafe(DELETED)))
-            properties = current_properties(self.result.tables[ns])
+            properties = self.writer.new_table(current_properties(self.result.tables[ns]))
             self.writer.create(live, path, properties, slot)
             return
+        self.writer.vectors_when_large(path)
         newer = f"s.{TM_EVENT_ID} > t.{TM_EVENT_ID}"
         deleted = f"s.{TM_RESIDUAL} <=> '{DELETED}'"
         statement = (
@@ -319,8 +325,10 @@ class Fold:
     def _merge_tombstones(self, deletes: DataFrame, slot: int) -> None:
         path = self._removed()
         if not is_table(path):
-            self.writer.create(marked_by_value(deletes), path, REMOVED_PROPERTIES, slot)
+            properties = self.writer.new_table(REMOVED_PROPERTIES)
+            self.writer.create(marked_by_value(deletes), path, properties, slot)
             return
+        self.writer.vectors_when_large(path)
         same_key = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
         statement = (
             f"MERGE INTO {table_ref(path)} t USING {{source}} s ON {same_key} "
@@ -332,7 +340,8 @@ class Fold:
     def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
         row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
         frame = marked_by_value(self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS)))
-        self.writer.create(frame, self._removed(), REMOVED_PROPERTIES, self.writer.slot())
+        properties = self.writer.new_table(REMOVED_PROPERTIES)
+        self.writer.create(frame, self._removed(), properties, self.writer.slot())
 
     def _rekey_removed(self, slot: int) -> None:
         """`removed` keyed by value if it was not (`KEY_RULE`), before any run reads it."""
@@ -355,6 +364,7 @@ class Fold:
         slot = self.writer.slot()
         path = self._current(ns)
         if is_table(path):
+            self.writer.vectors_when_large(path)
             older = f"{TM_EVENT_ID} < '{event.event_id}'"
             statement = f"DELETE FROM {table_ref(path)} WHERE {older}"
             self.writer.sql(statement, path, slot)

@@ -35,12 +35,13 @@ from tidemark.object_path import LakePath
 
 MARK = "spark.databricks.delta.commitInfo.userMetadata"
 STEP_SPAN = 1_000_000  # more commits than a run makes to any one table
-# `current`: a MERGE marks replaced rows in deletion vectors instead of rewriting their files,
-# and the change feed lets downstream jobs read only what a run changed.
-CURRENT_PROPERTIES = {
-    "delta.enableDeletionVectors": "true",
-    "delta.enableChangeDataFeed": "true",
-}
+# `current`: the change feed lets downstream jobs read only what a run changed.
+CURRENT_PROPERTIES = {"delta.enableChangeDataFeed": "true"}
+# Deletion vectors: a MERGE or DELETE marks the rows it removes instead of rewriting their
+# files. A table gets them once its live files reach the stream's `deletion_vectors_from_bytes`
+# (`RunWriter.vectors_when_large`): below that, rewriting the files a MERGE touches costs
+# less than the Spark jobs that write the vectors (8 of a small MERGE's 19, BENCHMARKS.md).
+DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 # Column mapping lets a column carry a name Delta otherwise refuses (`needs_column_mapping`).
 # Only a table that has such a column gets it: Polars and delta-rs's `to_pyarrow_table` refuse
 # to read a table with the feature at all.
@@ -49,7 +50,7 @@ UNMAPPED_REFUSES = frozenset(" ,;{}()\n\t=")
 CHANGES_PROPERTIES = {"delta.appendOnly": "true"}
 # Table features Delta will not enable in a commit that also writes rows.
 EMPTY_FIRST = frozenset({"delta.enableChangeDataFeed", "delta.columnMapping.mode"})
-REMOVED_PROPERTIES = {"delta.enableDeletionVectors": "true"}
+REMOVED_PROPERTIES: dict[str, str] = {}
 # For kill tests only (tests/helpers/crash_child.py), None otherwise: called as
 # COMMIT_HOOK("before" | "after", path, slot) around each marked commit, so a test's child
 # process can SIGKILL itself at an exact point of a run (during a MERGE, between two tables).
@@ -123,6 +124,17 @@ def _commit_info(commit: LakePath) -> dict[str, Any]:
     return {}
 
 
+def table_state(path: LakePath, version: int) -> tuple[int, dict[str, str]] | None:
+    """The bytes of the table's live files and its properties at `version`, from the checksum
+    Delta writes beside each commit (`NNNNNNNNNNNNNNNNNNNN.crc`): no Spark job. None when
+    that version has no checksum (a writer that writes none)."""
+    crc = path / "_delta_log" / f"{version:020d}.crc"
+    if not crc.exists():
+        return None
+    state = json.loads(crc.read_text())
+    return int(state["tableSizeBytes"]), state.get("metadata", {}).get("configuration", {})
+
+
 def table_version(path: LakePath) -> int:
     """The newest committed version of the table at `path` (read from its log's listing: each
     commit is one `NNNNNNNNNNNNNNNNNNNN.json`)."""
@@ -141,6 +153,26 @@ class RunWriter:
     baseline: dict[LakePath, int] = field(default_factory=dict)  # versions the store records
     slots: int = 0
     written: set[LakePath] = field(default_factory=set)  # tables this run committed to (or skipped)
+    vectors_from: int = 0  # bytes from which a table gets deletion vectors (0: from its start)
+
+    def new_table(self, properties: dict[str, str]) -> dict[str, str]:
+        """The properties a new table of this run is made with: `properties`, and deletion
+        vectors when the stream wants them from a table's start."""
+        return properties | (DELETION_VECTORS if self.vectors_from == 0 else {})
+
+    def vectors_when_large(self, path: LakePath) -> None:
+        """Turn deletion vectors on for the table at `path` once its live files reach
+        `vectors_from` bytes (see DELETION_VECTORS). Idempotent and unmarked, as
+        `set_change_feed`: whether a repeat of a killed run finds them on or not, its commits
+        leave the same rows."""
+        ((key, value),) = DELETION_VECTORS.items()
+        state = table_state(path, table_version(path))
+        if state is None:  # no checksum: Delta computes the same two facts
+            detail = self.spark.sql(f"DESCRIBE DETAIL {table_ref(path)}").collect()[0]
+            state = int(detail["sizeInBytes"]), dict(detail["properties"] or {})
+        size, properties = state
+        if properties.get(key) != value and size >= self.vectors_from:
+            self.set_property(path, key, value)
 
     def slot(self) -> int:
         """Take the next commit number (whether or not the commit turns out to be needed)."""

@@ -184,7 +184,10 @@ def _transform(
         use_lake(session, lake_root)
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
         recorded = {lake_root / t.path: t.delta_version for t in tstate.tables(stream.name)}
-        writer = RunWriter(session, lake_root, stream.name, number, recorded)
+        vectors_from = stream.deletion_vectors_from_bytes
+        writer = RunWriter(
+            session, lake_root, stream.name, number, recorded, vectors_from=vectors_from
+        )
         large = large_events(batches)
         with sized_for(session, large):
             new = log_new_events(writer, tstate, batches, large)

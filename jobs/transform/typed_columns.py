@@ -68,6 +68,25 @@ def census_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     yield pa.RecordBatch.from_pydict({CENSUS: [to_json(census(documents))]})
 
 
+def census_by_namespace_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A partition's rows (db, coll, document or null) counted per collection: one row per
+    collection it holds, with `CENSUS` of its placeable documents (none for deletes alone)."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for batch in batches:
+        namespaces = zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+        for ns, document in zip(namespaces, decoded(batch.column(2)), strict=True):
+            placed = found.setdefault(ns, [])
+            if isinstance(document, dict):
+                placed.append(document)
+    yield pa.RecordBatch.from_pydict(
+        {
+            "db": [db for db, _ in found],
+            "coll": [coll for _, coll in found],
+            CENSUS: [to_json(census(documents)) for documents in found.values()],
+        }
+    )
+
+
 def typed_type(schema: StructType) -> StructType:
     """What `typed_struct` returns for `schema`: its columns, then `RESIDUAL`."""
     return StructType([*schema.fields, StructField(RESIDUAL, StringType(), True)])
@@ -99,6 +118,17 @@ def run_census(documents: DataFrame) -> Census:
     counted: Census = {}
     for row in rows:
         counted = merge(counted, from_json(row[CENSUS]))
+    return counted
+
+
+def run_census_by_namespace(rows: DataFrame) -> dict[tuple[str, str], Census]:
+    """The census of each collection among `rows` (db, coll, then a document as canonical
+    Extended JSON or null), every collection with a row named: one `mapInArrow` job for all."""
+    schema = f"db string, coll string, {CENSUS} string"
+    counted: dict[tuple[str, str], Census] = {}
+    for row in rows.mapInArrow(census_by_namespace_batches, schema).collect():
+        ns = (row["db"], row["coll"])
+        counted[ns] = merge(counted.get(ns, {}), from_json(row[CENSUS]))
     return counted
 
 
