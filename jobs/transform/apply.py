@@ -46,7 +46,6 @@ from jobs.curated_zone import (
 from jobs.transform import stored_schema
 from jobs.transform.change_log import held, with_documents
 from jobs.transform.delta_io import (
-    REMOVED_PROPERTIES,
     RunWriter,
     current_properties,
     is_table,
@@ -71,12 +70,7 @@ from jobs.transform.fold import (
     tombstones_of,
 )
 from jobs.transform.type_rule import add_changes, schema_changes, schema_from, schema_frozen
-from jobs.transform.typed_columns import (
-    DELETED,
-    run_census,
-    run_census_by_namespace,
-    with_typed_columns,
-)
+from jobs.transform.typed_columns import DELETED, run_census, run_censuses, with_typed_columns
 from tidemark.object_path import LakePath
 
 KEPT = [c for c in names(CURRENT_META) if c != TM_RESIDUAL]  # the residual is made, not kept
@@ -217,8 +211,10 @@ class Fold:
         if shuffled or removals is not None or self.facts.other_keys:
             # Held once: each collection's MERGE and the tombstones read it.
             latest = held(latest, self.facts.large)
-        counted = run_census_by_namespace(latest.select(TM_DB, TM_COLL, TM_DOCUMENT))
-        for ns in self._namespaces_of(counted):
+        counted = run_censuses(latest.select(TM_DB, TM_COLL, TM_DOCUMENT))
+        # The run's one collection gets its table even from a segment with no rows.
+        one = len(self.run_namespaces) == 1
+        for ns in self.run_namespaces if one else sorted(counted):
             self._reach(ns)
             in_ns = (F.col(TM_DB) == F.lit(ns[0])) & (F.col(TM_COLL) == F.lit(ns[1]))
             self._merge_rows(ns, latest.where(in_ns), counted.get(ns, {}))
@@ -246,13 +242,6 @@ class Fold:
         winners = segment.join(F.broadcast(repeated), KEY, "left")
         newest = winners.where(F.col("_w").isNull() | (F.col(TM_EVENT_ID) == F.col("_w")))
         return newest.drop("_w"), True
-
-    def _namespaces_of(self, counted: dict[Namespace, Census]) -> list[Namespace]:
-        """The collections a segment folds into: the run's one collection (its table is made
-        even by a segment with no rows), else those its census found."""
-        if len(self.run_namespaces) == 1:
-            return self.run_namespaces
-        return sorted(counted)
 
     # -- current -------------------------------------------------------------------------
 
@@ -325,7 +314,7 @@ class Fold:
     def _merge_tombstones(self, deletes: DataFrame, slot: int) -> None:
         path = self._removed()
         if not is_table(path):
-            properties = self.writer.new_table(REMOVED_PROPERTIES)
+            properties = self.writer.new_table({})  # `removed`: no property but the vectors
             self.writer.create(marked_by_value(deletes), path, properties, slot)
             return
         self.writer.vectors_when_large(path)
@@ -340,7 +329,7 @@ class Fold:
     def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
         row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
         frame = marked_by_value(self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS)))
-        properties = self.writer.new_table(REMOVED_PROPERTIES)
+        properties = self.writer.new_table({})
         self.writer.create(frame, self._removed(), properties, self.writer.slot())
 
     def _rekey_removed(self, slot: int) -> None:

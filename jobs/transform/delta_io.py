@@ -50,7 +50,6 @@ UNMAPPED_REFUSES = frozenset(" ,;{}()\n\t=")
 CHANGES_PROPERTIES = {"delta.appendOnly": "true"}
 # Table features Delta will not enable in a commit that also writes rows.
 EMPTY_FIRST = frozenset({"delta.enableChangeDataFeed", "delta.columnMapping.mode"})
-REMOVED_PROPERTIES: dict[str, str] = {}
 # For kill tests only (tests/helpers/crash_child.py), None otherwise: called as
 # COMMIT_HOOK("before" | "after", path, slot) around each marked commit, so a test's child
 # process can SIGKILL itself at an exact point of a run (during a MERGE, between two tables).

@@ -3,7 +3,8 @@
 Documents arrive as canonical Extended JSON (the change log's `full_document`, null for a
 delete) and are decoded once per batch. `census_batches` is a `mapInArrow` body: one row per
 partition, that partition's census (`field_census`) as JSON, added up on the driver to decide
-the run's columns (`type_rule.schema_from`). `typed_struct` is an Arrow UDF's body: each
+the run's columns (`type_rule.schema_from`); `census_by_namespace_batches` gives one per
+collection in the partition, so one job counts all of a segment's collections. `typed_struct` is an Arrow UDF's body: each
 document's typed values (`type_rule.place`, compiled by `placer`) as a struct of the
 schema's columns, followed by `RESIDUAL`, the values no column holds.
 """
@@ -121,7 +122,7 @@ def run_census(documents: DataFrame) -> Census:
     return counted
 
 
-def run_census_by_namespace(rows: DataFrame) -> dict[tuple[str, str], Census]:
+def run_censuses(rows: DataFrame) -> dict[tuple[str, str], Census]:
     """The census of each collection among `rows` (db, coll, then a document as canonical
     Extended JSON or null), every collection with a row named: one `mapInArrow` job for all."""
     schema = f"db string, coll string, {CENSUS} string"
