@@ -37,11 +37,12 @@ def test_torture(seed, mongod, spark, tmp_path):
 
 
 def _current_tables(lake: Path, stream: str) -> set[Path]:
-    return {log.parent for log in (lake / "curated" / stream).glob("*/*/current/_delta_log")}
+    """The `_delta_log` directories of the stream's `current` tables."""
+    return set((lake / "curated" / stream).glob("*/*/current/_delta_log"))
 
 
 def _with_vectors(lake: Path, stream: str) -> set[Path]:
-    """The stream's `current` tables whose log turned deletion vectors on."""
+    """Those whose log turned deletion vectors on."""
     on = '"delta.enableDeletionVectors":"true"'
     return {
         log
