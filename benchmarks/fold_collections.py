@@ -101,7 +101,12 @@ def run(args: argparse.Namespace) -> str:
         names = [s.name for s in streams]
         client = MongoClient(mongod.uri, tz_aware=True)
         raw = connect(mongod.uri, raw=True)
-        ui_conf = {"spark.ui.enabled": "true", "spark.ui.port": "4048"}
+        # Every job kept in the UI's REST API, which counts them (Spark keeps 1,000).
+        ui_conf = {
+            "spark.ui.enabled": "true",
+            "spark.ui.port": "4048",
+            "spark.ui.retainedJobs": "1000000",
+        }
         server, _ = start_server(home.root, driver_memory=args.driver_memory, conf=ui_conf)
         ui = "http://127.0.0.1:4048"
         spark, created = spark_session(SparkConfig(remote=server.url))
