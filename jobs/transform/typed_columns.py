@@ -4,9 +4,9 @@ Documents arrive as canonical Extended JSON (the change log's `full_document`, n
 delete) and are decoded once per batch. `census_batches` is a `mapInArrow` body: one row per
 partition, that partition's census (`field_census`) as JSON, added up on the driver to decide
 the run's columns (`type_rule.schema_from`); `census_by_namespace_batches` gives one per
-collection in the partition, so one job counts all of a segment's collections. `typed_struct` is an Arrow UDF's body: each
-document's typed values (`type_rule.place`, compiled by `placer`) as a struct of the
-schema's columns, followed by `RESIDUAL`, the values no column holds.
+collection in the partition, so one job counts all of a segment's collections. `typed_struct`
+is an Arrow UDF's body: each document's typed values (`type_rule.place`, compiled by `placer`)
+as a struct of the schema's columns, followed by `RESIDUAL`, the values no column holds.
 """
 
 from __future__ import annotations
