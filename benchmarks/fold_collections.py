@@ -22,22 +22,16 @@ import argparse
 import random
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from pymongo import MongoClient, UpdateOne
+from pymongo import UpdateOne
 
 from benchmarks.drain import document
-from benchmarks.transform import _curated_bytes, _Home, _jobs
+from benchmarks.sitting import Home, sitting
 from jobs.capture import drain_until_caught_up
-from resources.embedded_mongo import start_mongod, stop_mongod
-from resources.mongo import connect
-from resources.spark import SparkConfig, spark_session, stop_if_created
-from resources.spark_server import start_server, stop_server
 from state import TransformState
 from tidemark.config import load_config
 
@@ -55,21 +49,7 @@ STREAMS = """streams:
 """
 
 
-def _transform(home: _Home, stream: str) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "tidemark"), "transform", stream],
-        env=home.env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stdout[-2000:] + done.stderr[-3000:])
-    return time.perf_counter() - started
-
-
-def _recompute(spark: Any, home: _Home, stream: str, target: Path) -> None:
+def _recompute(spark: Any, home: Home, stream: str, target: Path) -> None:
     """The anchor: every collection's newest documents out of its change log, on the same
     Spark, written as one Delta table partitioned by collection."""
     from pyspark.sql import Window
@@ -92,83 +72,60 @@ def _recompute(spark: Any, home: _Home, stream: str, target: Path) -> None:
 
 def run(args: argparse.Namespace) -> str:
     rows: list[tuple[str, str, list[float], int, int]] = []
-    with tempfile.TemporaryDirectory(prefix="tidemark-bench-") as work:
-        mongod = start_mongod(Path(work) / "data")
-        (Path(work) / "home").mkdir()
-        home = _Home(Path(work) / "home")
-        (home.root / "streams.yaml").write_text(STREAMS)
+    with (
+        tempfile.TemporaryDirectory(prefix="tidemark-bench-") as work,
+        sitting(Path(work), STREAMS, driver_memory=args.driver_memory, ui_port=4048) as here,
+    ):
+        home, client, raw, spark = here.home, here.client, here.raw, here.spark
         streams = load_config(home.root / "streams.yaml").streams
         names = [s.name for s in streams]
-        client = MongoClient(mongod.uri, tz_aware=True)
-        raw = connect(mongod.uri, raw=True)
-        # Every job kept in the UI's REST API, which counts them (Spark keeps 1,000).
-        ui_conf = {
-            "spark.ui.enabled": "true",
-            "spark.ui.port": "4048",
-            "spark.ui.retainedJobs": "1000000",
-        }
-        server, _ = start_server(home.root, driver_memory=args.driver_memory, conf=ui_conf)
-        ui = "http://127.0.0.1:4048"
-        spark, created = spark_session(SparkConfig(remote=server.url))
-        try:
-            for stream in streams:
-                drain_until_caught_up(stream, raw, home.store, home.lake)
-            rng = random.Random(args.seed)
-            collections = [f"c{i:03d}" for i in range(args.collections)]
-            for name in collections:
-                batch = [document(rng, n, 300) for n in range(args.documents)]
-                client.bench[name].insert_many(batch)
-            for stream in streams:
-                drain_until_caught_up(stream, raw, home.store, home.lake)
+        for stream in streams:
+            drain_until_caught_up(stream, raw, home.store, home.lake)
+        rng = random.Random(args.seed)
+        collections = [f"c{i:03d}" for i in range(args.collections)]
+        for name in collections:
+            batch = [document(rng, n, 300) for n in range(args.documents)]
+            client.bench[name].insert_many(batch)
+        for stream in streams:
+            drain_until_caught_up(stream, raw, home.store, home.lake)
+        for name in names:
+            jobs, written = here.jobs(), home.curated_bytes()
+            seconds = home.transform(name)[0]
+            rows.append(
+                ("first load", name, [seconds], here.jobs() - jobs, home.curated_bytes() - written)
+            )
+        per = max(1, args.changes // args.collections)
+        for name in collections:
+            client.bench[name].bulk_write(
+                [
+                    UpdateOne({"_id": rng.randrange(args.documents)}, {"$inc": {"rev": 1}})
+                    for _ in range(per)
+                ]
+            )
+        for stream in streams:
+            drain_until_caught_up(stream, raw, home.store, home.lake)
+        home.keep()
+        folds: dict[str, list[float]] = {name: [] for name in names}
+        counted: dict[str, tuple[int, int]] = {}
+        for _ in range(args.rounds):
             for name in names:
-                jobs, written = _jobs(ui), _curated_bytes(home.lake)
-                seconds = _transform(home, name)
-                rows.append(
-                    ("first load", name, [seconds], _jobs(ui) - jobs, _written(home, written))
-                )
-            per = max(1, args.changes // args.collections)
-            for name in collections:
-                client.bench[name].bulk_write(
-                    [
-                        UpdateOne({"_id": rng.randrange(args.documents)}, {"$inc": {"rev": 1}})
-                        for _ in range(per)
-                    ]
-                )
-            for stream in streams:
-                drain_until_caught_up(stream, raw, home.store, home.lake)
-            home.keep()
-            folds: dict[str, list[float]] = {name: [] for name in names}
-            counted: dict[str, tuple[int, int]] = {}
-            for _ in range(args.rounds):
-                for name in names:
-                    home.restore()
-                    jobs, written = _jobs(ui), _curated_bytes(home.lake)
-                    folds[name].append(_transform(home, name))
-                    counted[name] = (_jobs(ui) - jobs, _written(home, written))
-            label = f"{per * len(collections):,} updates"
-            for name in names:
-                rows.append((label, name, folds[name], *counted[name]))
-            anchor: list[float] = []
-            for _ in range(args.rounds):
-                target = Path(work) / "recomputed"
-                shutil.rmtree(target, ignore_errors=True)
-                jobs, clock = _jobs(ui), time.perf_counter()
-                _recompute(spark, home, names[-1], target)
-                anchor.append(time.perf_counter() - clock)
-            jobs = _jobs(ui) - jobs
-            rows.append(("anchor: full recompute", "(Spark, in-process)", anchor, jobs, 0))
-        finally:
-            stop_if_created(spark, created)
-            stop_server(home.root)
-            raw.close()
-            client.close()
-            home.store.close()
-            stop_mongod(mongod)
+                home.restore()
+                jobs, written = here.jobs(), home.curated_bytes()
+                folds[name].append(home.transform(name)[0])
+                counted[name] = (here.jobs() - jobs, home.curated_bytes() - written)
+        label = f"{per * len(collections):,} updates"
+        for name in names:
+            rows.append((label, name, folds[name], *counted[name]))
+        anchor: list[float] = []
+        for _ in range(args.rounds):
+            target = Path(work) / "recomputed"
+            shutil.rmtree(target, ignore_errors=True)
+            jobs, clock = here.jobs(), time.perf_counter()
+            _recompute(spark, home, names[-1], target)
+            anchor.append(time.perf_counter() - clock)
+        jobs = here.jobs() - jobs
+        rows.append(("anchor: full recompute", "(Spark, in-process)", anchor, jobs, 0))
     return _table(args, rows)
-
-
-def _written(home: _Home, before: int) -> int:
-    return _curated_bytes(home.lake) - before
 
 
 def _table(args: argparse.Namespace, rows: list[tuple[str, str, list[float], int, int]]) -> str:

@@ -21,16 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,11 +34,8 @@ from typing import Any
 from pymongo import MongoClient, UpdateOne
 
 from benchmarks.drain import document
+from benchmarks.sitting import Home, sitting
 from jobs.capture import drain_until_caught_up
-from resources.embedded_mongo import start_mongod, stop_mongod
-from resources.mongo import connect
-from resources.spark import SparkConfig, spark_session, stop_if_created
-from resources.spark_server import start_server, stop_server
 from state import StateStore, TransformState
 from tidemark.config import StreamConfig
 
@@ -66,89 +59,6 @@ class Step:
     rows: int | None = None
 
 
-class _Home:
-    """A Tidemark home (streams file, SQLite state, lake) a step can copy and put back."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / "streams.yaml").write_text(STREAMS)
-        self.state = root / "state.db"
-        self.lake = root / "lake"
-        self.saved = root.parent / "saved"
-        self.store = StateStore(f"sqlite:///{self.state}")
-
-    def keep(self) -> None:
-        shutil.rmtree(self.saved, ignore_errors=True)
-        self.saved.mkdir()
-        _backup(self.state, self.saved / "state.db")
-        if (self.lake / "curated").exists():
-            shutil.copytree(self.lake / "curated", self.saved / "curated")
-
-    def restore(self) -> None:
-        self.store.close()
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{self.state}{suffix}").unlink(missing_ok=True)
-        _backup(self.saved / "state.db", self.state)
-        self.store = StateStore(f"sqlite:///{self.state}")
-        shutil.rmtree(self.lake / "curated", ignore_errors=True)
-        if (self.saved / "curated").exists():
-            shutil.copytree(self.saved / "curated", self.lake / "curated")
-
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "TIDEMARK_HOME": str(self.root),
-            "TIDEMARK_CONFIG": str(self.root / "streams.yaml"),
-        }
-
-
-def _backup(source: Path, target: Path) -> None:
-    """A consistent copy of a SQLite database (its write-ahead log included)."""
-    src, dst = sqlite3.connect(source), sqlite3.connect(target)
-    try:
-        src.backup(dst)
-    finally:
-        dst.close()
-        src.close()
-
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "TIDEMARK_HOME": str(self.root),
-            "TIDEMARK_CONFIG": str(self.root / "streams.yaml"),
-        }
-
-
-def _curated_bytes(lake: Path) -> int:
-    return sum(p.stat().st_size for p in (lake / "curated").rglob("*") if p.is_file())
-
-
-def _jobs(ui: str) -> int:
-    """Jobs the Connect server's driver has run so far (its REST API)."""
-    try:
-        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=5) as r:
-            app = json.load(r)[0]["id"]
-        with urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/jobs", timeout=5) as r:
-            return len(json.load(r))
-    except OSError:
-        return -1
-
-
-def _cli_transform(home: _Home) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "tidemark"), "transform", "bench"],
-        env=home.env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(done.stdout[-2000:] + done.stderr[-3000:])
-    return seconds, done.stdout
-
-
 def _updates(client: MongoClient, count: int, documents: int, rng: random.Random) -> None:
     coll = client.bench.orders
     for start in range(0, count, 5000):
@@ -164,7 +74,7 @@ def _updates(client: MongoClient, count: int, documents: int, rng: random.Random
         )
 
 
-def _recompute(spark: Any, home: _Home, store: StateStore, target: Path) -> None:
+def _recompute(spark: Any, home: Home, store: StateStore, target: Path) -> None:
     """The anchor: `current` from scratch out of the change log, on the same Spark (the
     newest event per key, its typed columns parsed by Spark's `from_json` in the JVM)."""
     from pyspark.sql import Window
@@ -208,11 +118,6 @@ def run(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="tidemark-bench-") as work:
         biggest = max(args.changes, default=0)
         oplog_mb = max(1024, int((args.documents + biggest) * args.doc_kb * 2.5 / 1024) + 512)
-        mongod = start_mongod(Path(work) / "data", oplog_size_mb=oplog_mb)
-        (Path(work) / "home").mkdir()
-        home = _Home(Path(work) / "home")
-        client = MongoClient(mongod.uri, tz_aware=True)
-        raw = connect(mongod.uri, raw=True)
         stream = StreamConfig(
             name="bench",
             database="bench",
@@ -220,14 +125,15 @@ def run(args: argparse.Namespace) -> str:
             budget={"max_events": None, "max_bytes": None, "max_seconds": None},
             keep_versions=100,
         )
-        started = time.perf_counter()
-        # The UI's REST API counts the jobs each step ran (Tidemark's server has no UI).
-        ui_conf = {"spark.ui.enabled": "true", "spark.ui.port": "4047"}
-        server, _ = start_server(home.root, driver_memory=args.driver_memory, conf=ui_conf)
-        server_seconds = time.perf_counter() - started
-        ui = "http://127.0.0.1:4047"
-        spark, created = spark_session(SparkConfig(remote=server.url))
-        try:
+        with sitting(
+            Path(work),
+            STREAMS,
+            driver_memory=args.driver_memory,
+            ui_port=4047,
+            oplog_size_mb=oplog_mb,
+        ) as here:
+            home, client, raw, spark = here.home, here.client, here.raw, here.spark
+            server_seconds = here.server_seconds
             drain_until_caught_up(stream, raw, home.store, home.lake)
             rng = random.Random(args.seed)
             filler = max(0, int(args.doc_kb * 1024) - 420)
@@ -255,23 +161,23 @@ def run(args: argparse.Namespace) -> str:
                 for attempt in range(1 + args.warm):
                     if attempt:
                         home.restore()
-                    jobs, written = _jobs(ui), _curated_bytes(home.lake)
-                    seconds, _ = _cli_transform(home)
+                    jobs, written = here.jobs(), home.curated_bytes()
+                    seconds, _ = home.transform("bench")
                     if attempt:
                         step.warm.append(seconds)
                     else:
                         step.seconds = seconds
-                        step.jobs = _jobs(ui) - jobs
-                        step.bytes_written = _curated_bytes(home.lake) - written
+                        step.jobs = here.jobs() - jobs
+                        step.bytes_written = home.curated_bytes() - written
                 latest = TransformState(home.store).latest("bench")
                 step.rows = latest.rows if latest else None
                 steps.append(step)
 
             quiet = Step("a quiet run (nothing new)", 0, 0.0)
-            jobs = _jobs(ui)
-            quiet.seconds, out = _cli_transform(home)
-            quiet.warm = [_cli_transform(home)[0] for _ in range(args.warm)]
-            quiet.jobs = _jobs(ui) - jobs
+            jobs = here.jobs()
+            quiet.seconds, out = home.transform("bench")
+            quiet.warm = [home.transform("bench")[0] for _ in range(args.warm)]
+            quiet.jobs = here.jobs() - jobs
             steps.append(quiet)
             if "nothing new" not in out:
                 notes.append(f"the quiet run printed: {out!r}")
@@ -280,13 +186,13 @@ def run(args: argparse.Namespace) -> str:
             target = Path(work) / "recomputed"
             for attempt in range(1 + args.warm):
                 shutil.rmtree(target, ignore_errors=True)
-                jobs, clock = _jobs(ui), time.perf_counter()
+                jobs, clock = here.jobs(), time.perf_counter()
                 _recompute(spark, home, home.store, target)
                 seconds = time.perf_counter() - clock
                 if attempt:
                     anchor.warm.append(seconds)
                 else:
-                    anchor.seconds, anchor.jobs = seconds, _jobs(ui) - jobs
+                    anchor.seconds, anchor.jobs = seconds, here.jobs() - jobs
             anchor.bytes_written = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
             steps.append(anchor)
 
@@ -304,13 +210,6 @@ def run(args: argparse.Namespace) -> str:
             spark.sql(f"REORG TABLE delta.`{current_path}` APPLY (PURGE)").collect()
             optimized, optimized_files = _table_bytes(spark, current_path)
             rows = current.rows or 1
-        finally:
-            stop_if_created(spark, created)
-            stop_server(home.root)
-            raw.close()
-            client.close()
-            home.store.close()
-            stop_mongod(mongod)
     return _tables(
         args,
         server_seconds,
