@@ -10,7 +10,7 @@ import pytest
 from bson import Binary, Decimal128, Int64, ObjectId, Regex
 
 from jobs.capture import drain, drain_until_caught_up
-from jobs.curated_zone import CHANGES_COLUMNS, names, removed_dir
+from jobs.curated_zone import CHANGES_COLUMNS, current_dir, names, removed_dir
 from jobs.transform import exact_documents, read_changes, read_current, stored_schema, transform
 from jobs.transform.stored_schema import OBJECT_ID_PATHS
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
@@ -359,6 +359,38 @@ def test_rename_drop_and_drop_database_act_on_whole_namespaces(
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     assert read_current(spark, sqlite_store, lake, stream.name).count() == 0
+
+
+def test_a_namespace_event_splits_only_its_own_collections_fold(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """A run holding other collections' drop and rename folds each untouched collection in one
+    MERGE (`jobs.transform.segments`), and the result is still the source's."""
+    stream = make_stream(collection=None)
+    drain(stream, raw_client, sqlite_store, lake)
+    db = client[db_name]
+    for name in ("a", "b", "c", "d"):
+        db[name].insert_many([{"_id": i, "n": 0} for i in range(4)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    path = {name: current_dir(lake, stream.name, db_name, name) for name in "abcd"}
+    before = {name: delta_version(path[name]) for name in "ab"}
+
+    for n, (name, ddl) in enumerate([("c", "drop"), ("d", "rename")], start=1):
+        db.a.update_many({}, {"$set": {"n": n}})
+        db.b.update_one({"_id": n}, {"$set": {"n": n}})
+        db[name].drop() if ddl == "drop" else db[name].rename("e")
+    db.a.delete_one({"_id": 0})
+    db.b.insert_one({"_id": 9, "n": 9})
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    assert {name: delta_version(path[name]) - before[name] for name in "ab"} == {"a": 1, "b": 1}
+    rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
+    got: dict[str, dict[str, str]] = {}
+    for r in rows:
+        got.setdefault(r._tm_coll, {})[r._tm_key] = r._tm_document
+    assert got == {name: source_state(raw_client, db_name, name) for name in ("a", "b", "e")}
 
 
 @pytest.mark.parametrize("how", ["drop", "rename"])

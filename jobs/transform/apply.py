@@ -1,11 +1,12 @@
 """Folding a run's new events into each collection's `current` Delta table.
 
-The events are folded in segments between namespace events (`jobs.transform.fold` states the
-rules). For a segment, per key, the newest event not cleared by a barrier nor older than the
-key's tombstone is MERGEd into its collection's `current`: it replaces a row only when newer
-than the row's event, a delete removes the row, and an insert or update of a key with no row
-adds one. Deletes are also MERGEd into the stream's `removed` table (tombstones), and each
-namespace event clears its tables' older rows and leaves a barrier there.
+Each collection's events are folded in segments between the namespace events that touch it
+(`jobs.transform.segments`; `jobs.transform.fold` states the rules). For a segment, per key,
+the newest event not cleared by a barrier nor older than the key's tombstone is MERGEd into its
+collection's `current`: it replaces a row only when newer than the row's event, a delete
+removes the row, and an insert or update of a key with no row adds one. Deletes are also MERGEd
+into the stream's `removed` table (tombstones), and each namespace event clears its tables'
+older rows and leaves a barrier there.
 
 `removed` is a Delta table of Tidemark's own beside the collections (`jobs.curated_zone`):
 readers of `current` never filter anything, and a late older event still finds what removed
@@ -57,7 +58,6 @@ from jobs.transform.field_census import Census
 from jobs.transform.field_census import merge as merge_census
 from jobs.transform.fold import (
     KEY,
-    NAMESPACE_OPERATIONS,
     EventFacts,
     Watched,
     keyed_by_value,
@@ -69,6 +69,14 @@ from jobs.transform.fold import (
     rekeyed_removals,
     tombstones_of,
 )
+from jobs.transform.segments import (
+    Namespace,
+    Scope,
+    Segments,
+    in_scope,
+    namespace_events,
+    scope_of,
+)
 from jobs.transform.type_rule import add_changes, schema_changes, schema_from, schema_frozen
 from jobs.transform.typed_columns import DELETED, run_census, run_censuses, with_typed_columns
 from tidemark.object_path import LakePath
@@ -78,8 +86,6 @@ AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
 # Up to this many repeated keys in a segment, their winning event ids are broadcast (a few MB);
 # beyond, a window over the whole segment finds them.
 BROADCAST_KEYS = 200_000
-
-Namespace = tuple[str, str]
 
 
 @dataclass
@@ -114,6 +120,7 @@ class Fold:
         self.result = Folded()
         self.typed_keys: set[Namespace] = set()  # keyed by type, not value (`KEY_RULE`)
         self.old_layout: set[Namespace] = set()  # typed before `type_rule`: no TM_RESIDUAL
+        self.barriers: list[tuple[Any, ...]] = []  # `removed` rows of this run's namespace events
 
     # -- paths and what is on disk -------------------------------------------------------
 
@@ -167,31 +174,20 @@ class Fold:
 
     def _run(self, events: DataFrame) -> Folded:
         self._rekey_removed(self.writer.slot())
-        namespace_events: list[Any] = []
-        if self.facts.namespace_events:
-            found = (
-                events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
-                .select(
-                    "event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time"
-                )
-                .collect()
-            )
-            namespace_events = sorted(found, key=lambda e: e.event_id)
         keyed = keyed_events(events, self.facts)
-        lower: str | None = None
-        for barrier in [*namespace_events, None]:
-            segment = keyed
-            if lower is not None:
-                segment = segment.where(F.col(TM_EVENT_ID) > F.lit(lower))
-            if barrier is not None:
-                segment = segment.where(F.col(TM_EVENT_ID) < F.lit(barrier.event_id))
-            self._segment(segment)
-            if barrier is not None:
-                self._namespace_event(barrier)
-                lower = barrier.event_id
+        segments = Segments()  # each collection's events between its own namespace events
+        for event in namespace_events(events) if self.facts.namespace_events else []:
+            scope = scope_of(event, self.watched)
+            self._segment(segments.due(keyed, event.event_id, scope), scope)
+            self._namespace_event(event)
+            reached = sorted({*self.namespaces, *self.run_namespaces})
+            segments.passed(reached, scope, event.event_id)
+        self._segment(segments.due(keyed))
+        self._write_barriers()
         return self.result
 
-    def _segment(self, segment: DataFrame) -> None:
+    def _segment(self, segment: DataFrame, scope: Scope | None = None) -> None:
+        """Fold `segment`'s rows, of the collections in `scope` (None: every one)."""
         removals = self._earlier_removals()
         if removals is not None:
             barriers = removals.where(F.col(TM_KEY).isNull()).select(
@@ -213,13 +209,13 @@ class Fold:
             latest = held(latest, self.facts.large)
         counted = run_censuses(latest.select(TM_DB, TM_COLL, TM_DOCUMENT))
         # The run's one collection gets its table even from a segment with no rows.
-        one = len(self.run_namespaces) == 1
-        for ns in self.run_namespaces if one else sorted(counted):
+        scoped = [ns for ns in self.run_namespaces if scope is None or in_scope(ns, scope)]
+        for ns in scoped if len(self.run_namespaces) == 1 else sorted(counted):
             self._reach(ns)
             in_ns = (F.col(TM_DB) == F.lit(ns[0])) & (F.col(TM_COLL) == F.lit(ns[1]))
             self._merge_rows(ns, latest.where(in_ns), counted.get(ns, {}))
         slot = self.writer.slot()
-        if self.facts.deletes:
+        if self.facts.deletes and counted:  # no rows, no deletes: no MERGE
             deletes = latest.where(F.col(TM_DELETED)).select(
                 *KEY, TM_EVENT_ID, TM_CLUSTER_TIME, F.lit(self.writer.run).alias(TM_RUN)
             )
@@ -327,8 +323,14 @@ class Fold:
         self.writer.sql(statement, path, slot, source=deletes)
 
     def _barrier(self, db: str | None, coll: str | None, event: Any) -> None:
-        row = [(db, coll, None, event.event_id, event.cluster_time, self.writer.run)]
-        frame = marked_by_value(self.spark.createDataFrame(row, ddl(REMOVED_COLUMNS)))
+        self.barriers.append((db, coll, None, event.event_id, event.cluster_time, self.writer.run))
+
+    def _write_barriers(self) -> None:
+        """The run's barriers, in one commit at its end: the run itself never reads them (it
+        reads what earlier runs removed), so one append serves all its namespace events."""
+        if not self.barriers:
+            return
+        frame = marked_by_value(self.spark.createDataFrame(self.barriers, ddl(REMOVED_COLUMNS)))
         properties = self.writer.new_table({})
         self.writer.create(frame, self._removed(), properties, self.writer.slot())
 
@@ -342,11 +344,7 @@ class Fold:
     # -- namespace events ----------------------------------------------------------------
 
     def _in_scope(self, db: str | None, coll: str | None) -> list[Namespace]:
-        return [
-            ns
-            for ns in self.namespaces
-            if db is None or (ns[0] == db and (coll is None or ns[1] == coll))
-        ]
+        return [ns for ns in self.namespaces if in_scope(ns, [(db, coll)])]
 
     def _clear(self, ns: Namespace, event: Any) -> None:
         """Remove the collection's rows older than `event` (a table not made yet has none)."""

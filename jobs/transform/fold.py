@@ -20,8 +20,9 @@ database) removes them, as a drop does: the stream no longer sees their changes.
 the source older than the rename that arrives after it is ignored (the source's barrier), not
 moved: only what the fold knew at the rename moves.
 
-Snapshot rows are upserts whose event ids sort at the snapshot's time. Events are folded in
-segments between namespace events, each segment applied to what came before.
+Snapshot rows are upserts whose event ids sort at the snapshot's time. A collection's events
+are folded in segments between the namespace events that touch it, each segment applied to what
+came before (`jobs.transform.segments`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""Which of a run's events each step of its fold takes: a collection's events are folded in
+segments between the namespace events that touch it (its drop, a rename from or to it, its
+database's drop, a (re)snapshot of its scope), not at every namespace event of the run.
+
+The fold keeps each key's newest event and a namespace event clears only its own scope, so two
+stretches of a collection's events with no namespace event of that collection between them fold
+as one: a database stream's run folds each collection once, plus once per namespace event that
+touches it, where folding every collection at every namespace event cost a MERGE per
+collection per namespace event. The plan is a function of the run's events, so a repeat of a
+killed run plans the same steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from jobs.curated_zone import TM_COLL, TM_DB, TM_EVENT_ID
+from jobs.transform.fold import NAMESPACE_OPERATIONS, Watched
+
+Namespace = tuple[str, str]
+Scope = list[tuple[str | None, str | None]]  # (db, coll) patterns; None matches any
+
+
+def namespace_events(events: DataFrame) -> list[Any]:
+    """The run's namespace events, oldest first (a few: collected to the driver)."""
+    found = (
+        events.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
+        .select("event_id", "operation_type", "db", "coll", "to_db", "to_coll", "cluster_time")
+        .collect()
+    )
+    return sorted(found, key=lambda e: e.event_id)
+
+
+def scope_of(event: Any, watched: Watched) -> Scope:
+    """The namespaces a namespace event clears: a rename's target too when the stream watches
+    it (its rows move there)."""
+    op = event.operation_type
+    if op == "rename":
+        scope: Scope = [(event.db, event.coll)]
+        if watched.contains(event.to_db, event.to_coll):
+            scope.append((event.to_db, event.to_coll))
+        return scope
+    return [(event.db, None if op == "dropDatabase" else event.coll)]
+
+
+def in_scope(ns: Namespace, scope: Scope) -> bool:
+    return any(
+        (db is None or ns[0] == db) and (coll is None or ns[1] == coll) for db, coll in scope
+    )
+
+
+def _matching(scope: Scope) -> Column:
+    either = F.lit(False)
+    for db, coll in scope:
+        one = F.lit(True)
+        if db is not None:
+            one = one & (F.col(TM_DB) == F.lit(db))
+        if coll is not None:
+            one = one & (F.col(TM_COLL) == F.lit(coll))
+        either = either | one
+    return either
+
+
+@dataclass
+class Segments:
+    """Per collection, the event id of the last namespace event its events were folded up to."""
+
+    folded_to: dict[Namespace, str] = field(default_factory=dict)
+
+    def due(
+        self, keyed: DataFrame, before: str | None = None, scope: Scope | None = None
+    ) -> DataFrame:
+        """The keyed events not folded yet: of the collections in `scope` (None: every one),
+        older than the namespace event `before` (None: up to the run's end)."""
+        conditions = [] if before is None else [F.col(TM_EVENT_ID) < F.lit(before)]
+        if scope is not None:
+            conditions.append(_matching(scope))
+        for (db, coll), lower in sorted(self.folded_to.items()):
+            ns = (F.col(TM_DB) == F.lit(db)) & (F.col(TM_COLL) == F.lit(coll))
+            conditions.append(~(ns & (F.col(TM_EVENT_ID) <= F.lit(lower))))
+        for condition in conditions:
+            keyed = keyed.where(condition)
+        return keyed
+
+    def passed(self, namespaces: list[Namespace], scope: Scope, event_id: str) -> None:
+        """Those of `namespaces` in `scope` are folded up to the namespace event `event_id`."""
+        for ns in namespaces:
+            if in_scope(ns, scope):
+                self.folded_to[ns] = event_id
