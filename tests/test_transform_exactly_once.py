@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import bson
 import pytest
@@ -15,7 +18,7 @@ from jobs.transform import compact, exact_documents, read_current, transform
 from resources.mongo import cluster_time
 from state import TransformState, schema
 from state.leases import TRANSFORM_LEASE_TTL, lease_name
-from tests.helpers.lake_reading import marked_commits, unrecorded_commits
+from tests.helpers.lake_reading import delta_log, marked_commits, unrecorded_commits
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
 from tidemark.errors import CurrentTableBehind, LeaseLost, TidemarkError
 
@@ -434,7 +437,7 @@ def test_turning_the_current_table_on_asks_for_a_resnapshot_which_rebuilds_it(
 
 
 def test_a_drain_gets_in_while_gc_vacuums_and_a_transform_waits(
-    spark, raw_client, client, sqlite_store, lake, make_stream, db_name
+    spark, raw_client, client, sqlite_store, lake, make_stream, db_name, monkeypatch
 ):
     """gc holds each lease only around the step that needs it: VACUUM keeps transforms out,
     never drains. The drain runs at the moment VACUUM's step asks for its Spark session, so
@@ -459,3 +462,20 @@ def test_a_drain_gets_in_while_gc_vacuums_and_a_transform_waits(
     (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=session_for_vacuum)
     assert swept.curated is not None and swept.result is not None  # both steps ran
     assert during_vacuum == [1]  # the drain committed the insert while VACUUM held its lease
+
+    # A file no version reads, older than the retention (a killed write's), is deleted; a
+    # table with nothing to delete gets no VACUUM commits in its log. (Delta keeps every
+    # unreferenced file of a table younger than the retention, and ours is at least an hour.)
+    monkeypatch.setattr("jobs.transform.vacuum.retention_hours", lambda *_: 0.0)
+    tables = sorted(lake / t.path for t in TransformState(sqlite_store).tables(stream.name))
+    orphan = tables[-1] / "part-00000-orphan-of-a-killed-write.snappy.parquet"  # in `current`
+    orphan.write_bytes(b"PAR1")
+    old = time.time() - 3 * 24 * 3600
+    os.utime(orphan, (old, old))
+    (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
+    deleted = swept.curated or []
+    assert orphan.name in {Path(p).name for p in deleted} and not orphan.exists()
+    # VACUUM's two commits are in a table's log exactly when it had files to delete there.
+    logged = {t: sum("VACUUM" in str(c["actions"]) for c in delta_log(t)) for t in tables}
+    assert logged == {t: 2 if any(f"{t}/" in p for p in deleted) else 0 for t in tables}
+    assert sorted(logged.values()) == [0, 2]  # `changes` had nothing to delete

@@ -52,10 +52,12 @@ def vacuum(
             if not is_table(path):
                 continue
             ref = table_ref(path)
-            removed += [
+            doomed = [
                 r[0] for r in spark.sql(f"VACUUM {ref} RETAIN {hours} HOURS DRY RUN").collect()
             ]
-            spark.sql(f"VACUUM {ref} RETAIN {hours} HOURS").collect()
+            if doomed:  # else the VACUUM would list the table again and log two empty commits
+                spark.sql(f"VACUUM {ref} RETAIN {hours} HOURS").collect()
+            removed += doomed
     finally:
         spark.conf.unset(RETENTION_CHECK)
     return removed
