@@ -70,6 +70,7 @@ from jobs.transform.fold import (
     tombstones_of,
 )
 from jobs.transform.segments import (
+    FOLD_SLOTS_FROM,
     Namespace,
     Scope,
     Segments,
@@ -173,6 +174,7 @@ class Fold:
         return folded
 
     def _run(self, events: DataFrame) -> Folded:
+        self.writer.slots = max(self.writer.slots, FOLD_SLOTS_FROM)
         self._rekey_removed(self.writer.slot())
         keyed = keyed_events(events, self.facts)
         segments = Segments()  # each collection's events between its own namespace events

@@ -22,6 +22,11 @@ from jobs.curated_zone import TM_COLL, TM_DB, TM_EVENT_ID
 from jobs.transform.fold import NAMESPACE_OPERATIONS, Watched
 
 Namespace = tuple[str, str]
+# The fold's commits are numbered from here (`delta_io.RunWriter.slot`), one base per plan: a run
+# killed under the plan before this one (whose fold steps went on from its change log's numbers)
+# is repeated with each fold step made again, each idempotent (a MERGE takes newer events only, a
+# clear deletes below its barrier), never skipped by a number that meant another step there.
+FOLD_SLOTS_FROM = 500_000
 Scope = list[tuple[str | None, str | None]]  # (db, coll) patterns; None matches any
 
 
