@@ -12,6 +12,7 @@ from bson import Binary, Decimal128, Int64, ObjectId, Regex
 from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import CHANGES_COLUMNS, current_dir, names, removed_dir
 from jobs.transform import exact_documents, read_changes, read_current, stored_schema, transform
+from jobs.transform.delta_io import MARK
 from jobs.transform.stored_schema import OBJECT_ID_PATHS
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
@@ -391,6 +392,49 @@ def test_a_namespace_event_splits_only_its_own_collections_fold(
     for r in rows:
         got.setdefault(r._tm_coll, {})[r._tm_key] = r._tm_document
     assert got == {name: source_state(raw_client, db_name, name) for name in ("a", "b", "e")}
+
+
+def test_a_run_killed_under_the_older_fold_plan_is_repeated_whole_by_this_one(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    """An upgrade between a kill and its repeat. The plan before per-collection segments
+    folded every collection at every namespace event, its fold commits numbered on from the
+    change log's: replayed here by scoping every namespace event to the whole stream and
+    numbering from 0. It is killed after its second MERGE into a's `current` of three; this
+    version's repeat numbers its fold from FOLD_SLOTS_FROM, so it skips none of its own steps."""
+    stream = make_stream(collection=None)
+    drain(stream, raw_client, sqlite_store, lake)
+    db = client[db_name]
+    for name in ("a", "c", "d"):
+        db[name].insert_many([{"_id": i, "n": 0} for i in range(4)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    for n, name in enumerate(("c", "d"), start=1):
+        db.a.update_many({}, {"$set": {"n": n}})
+        db.a.insert_one({"_id": 10 + n})
+        db[name].drop()
+    db.a.update_many({}, {"$set": {"n": 3}})
+    db.a.insert_one({"_id": 20})
+    drain(stream, raw_client, sqlite_store, lake)
+
+    merges: list[int] = []
+
+    def kill_at_the_second(when: str, path, slot: int) -> None:
+        if when == "after" and path == current_dir(lake, stream.name, db_name, "a"):
+            merges.append(slot)
+            if len(merges) == 2:
+                raise _Killed(f"killed after {path} at {slot}")
+
+    monkeypatch.setattr("jobs.transform.apply.scope_of", lambda *_: [(None, None)])
+    monkeypatch.setattr("jobs.transform.apply.FOLD_SLOTS_FROM", 0)
+    monkeypatch.setattr("jobs.transform.delta_io.COMMIT_HOOK", kill_at_the_second)
+    with pytest.raises(_Killed):
+        transform(spark, sqlite_store, lake, stream)
+    monkeypatch.undo()
+    spark.conf.unset(MARK)  # a real kill takes the session with it
+    assert transform(spark, sqlite_store, lake, stream).repeated
+    rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
+    assert {r._tm_key: r._tm_document for r in rows} == source_state(raw_client, db_name, "a")
 
 
 @pytest.mark.parametrize("how", ["drop", "rename"])
