@@ -345,9 +345,6 @@ class Fold:
 
     # -- namespace events ----------------------------------------------------------------
 
-    def _in_scope(self, db: str | None, coll: str | None) -> list[Namespace]:
-        return [ns for ns in self.namespaces if in_scope(ns, [(db, coll)])]
-
     def _clear(self, ns: Namespace, event: Any) -> None:
         """Remove the collection's rows older than `event` (a table not made yet has none)."""
         slot = self.writer.slot()
@@ -365,10 +362,10 @@ class Fold:
         if op == "rename":
             self._rename(event)
             return
-        coll = None if op == "dropDatabase" else event.coll
-        for ns in self._in_scope(event.db, coll):
+        ((db, coll),) = scope_of(event, self.watched)
+        for ns in [ns for ns in self.namespaces if in_scope(ns, [(db, coll)])]:
             self._clear(ns, event)
-        self._barrier(event.db, coll, event)
+        self._barrier(db, coll, event)
 
     def _rename(self, event: Any) -> None:
         source: Namespace = (event.db, event.coll)

@@ -7,7 +7,7 @@ stretches of a collection's events with no namespace event of that collection be
 as one: a database stream's run folds each collection once, plus once per namespace event that
 touches it, where folding every collection at every namespace event cost a MERGE per
 collection per namespace event. The plan is a function of the run's events, so a repeat of a
-killed run plans the same steps.
+killed run plans the same steps (a run killed under the plan before this one: FOLD_SLOTS_FROM).
 """
 
 from __future__ import annotations
