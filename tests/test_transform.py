@@ -13,6 +13,7 @@ from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import CHANGES_COLUMNS, current_dir, names, removed_dir
 from jobs.transform import exact_documents, read_changes, read_current, stored_schema, transform
 from jobs.transform.delta_io import MARK
+from jobs.transform.fold import Watched
 from jobs.transform.stored_schema import OBJECT_ID_PATHS
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
 from state import BatchRecord, FileEntry, TransformState, new_batch_id
@@ -425,7 +426,7 @@ def test_a_run_killed_under_the_older_fold_plan_is_repeated_whole_by_this_one(
             if len(merges) == 2:
                 raise _Killed(f"killed after {path} at {slot}")
 
-    monkeypatch.setattr("jobs.transform.apply.scope_of", lambda *_: [(None, None)])
+    monkeypatch.setattr("jobs.transform.apply.scope_of", lambda *_: [Watched()])
     monkeypatch.setattr("jobs.transform.apply.FOLD_SLOTS_FROM", 0)
     monkeypatch.setattr("jobs.transform.delta_io.COMMIT_HOOK", kill_at_the_second)
     with pytest.raises(_Killed):

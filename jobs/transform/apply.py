@@ -362,10 +362,10 @@ class Fold:
         if op == "rename":
             self._rename(event)
             return
-        ((db, coll),) = scope_of(event, self.watched)
-        for ns in [ns for ns in self.namespaces if in_scope(ns, [(db, coll)])]:
+        (scope,) = scope_of(event, self.watched)
+        for ns in [ns for ns in self.namespaces if scope.contains(*ns)]:
             self._clear(ns, event)
-        self._barrier(db, coll, event)
+        self._barrier(scope.database, scope.collection, event)
 
     def _rename(self, event: Any) -> None:
         source: Namespace = (event.db, event.coll)

@@ -27,7 +27,7 @@ Namespace = tuple[str, str]
 # is repeated with each fold step made again, each idempotent (a MERGE takes newer events only, a
 # clear deletes below its barrier), never skipped by a number that meant another step there.
 FOLD_SLOTS_FROM = 500_000
-Scope = list[tuple[str | None, str | None]]  # (db, coll) patterns; None matches any
+Scope = list[Watched]  # the namespaces a namespace event touches
 
 
 def namespace_events(events: DataFrame) -> list[Any]:
@@ -45,27 +45,26 @@ def scope_of(event: Any, watched: Watched) -> Scope:
     it (its rows move there)."""
     op = event.operation_type
     if op == "rename":
-        scope: Scope = [(event.db, event.coll)]
+        scope = [Watched(event.db, event.coll)]
         if watched.contains(event.to_db, event.to_coll):
-            scope.append((event.to_db, event.to_coll))
+            scope.append(Watched(event.to_db, event.to_coll))
         return scope
-    return [(event.db, None if op == "dropDatabase" else event.coll)]
+    return [Watched(event.db, None if op == "dropDatabase" else event.coll)]
 
 
 def in_scope(ns: Namespace, scope: Scope) -> bool:
-    return any(
-        (db is None or ns[0] == db) and (coll is None or ns[1] == coll) for db, coll in scope
-    )
+    return any(part.contains(*ns) for part in scope)
 
 
 def _matching(scope: Scope) -> Column:
+    """`in_scope` as a condition on keyed events."""
     either = F.lit(False)
-    for db, coll in scope:
+    for part in scope:
         one = F.lit(True)
-        if db is not None:
-            one = one & (F.col(TM_DB) == F.lit(db))
-        if coll is not None:
-            one = one & (F.col(TM_COLL) == F.lit(coll))
+        if part.database is not None:
+            one = one & (F.col(TM_DB) == F.lit(part.database))
+        if part.collection is not None:
+            one = one & (F.col(TM_COLL) == F.lit(part.collection))
         either = either | one
     return either
 
@@ -84,9 +83,8 @@ class Segments:
         conditions = [] if before is None else [F.col(TM_EVENT_ID) < F.lit(before)]
         if scope is not None:
             conditions.append(_matching(scope))
-        for (db, coll), lower in sorted(self.folded_to.items()):
-            ns = (F.col(TM_DB) == F.lit(db)) & (F.col(TM_COLL) == F.lit(coll))
-            conditions.append(~(ns & (F.col(TM_EVENT_ID) <= F.lit(lower))))
+        for ns, lower in sorted(self.folded_to.items()):
+            conditions.append(~(_matching([Watched(*ns)]) & (F.col(TM_EVENT_ID) <= F.lit(lower))))
         for condition in conditions:
             keyed = keyed.where(condition)
         return keyed
