@@ -1,33 +1,19 @@
 """Reading the curated Delta tables the way any engine's user would: with the `deltalake`
-package (Rust, no JVM, no Tidemark code), at each table's newest version. The tables are found
-from the state store's record of them (`TransformState.tables`, lake-relative paths)."""
+package (Rust, no JVM; `resources.delta_rs` only opens the table), at each table's newest
+version. The tables are found from the state store's record of them (`TransformState.tables`,
+lake-relative paths)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import QueryBuilder
 
-from resources.spark_lake import endpoint, region
+from resources.delta_rs import delta_table
 from state import StateStore, TransformState
-from tidemark.object_path import LakePath, ObjectPath
-
-
-def delta_table(path: LakePath) -> DeltaTable:
-    """The Delta table at `path`, local or on the S3 server (found as any AWS client finds a
-    store: the standard variables, here the test server's)."""
-    if not isinstance(path, ObjectPath):
-        return DeltaTable(str(path))
-    # The variables Tidemark's own Spark settings read (resources/spark_lake.py).
-    options = {"AWS_REGION": region(os.environ) or "us-east-1"}
-    url = endpoint(os.environ)
-    if url:
-        options |= {"AWS_ENDPOINT_URL": url, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
-        options["AWS_ALLOW_HTTP"] = str(url.startswith("http:")).lower()
-    return DeltaTable(str(path), storage_options=options)
+from tidemark.object_path import LakePath
 
 
 def query(path: LakePath, sql: str) -> list[dict[str, Any]]:
