@@ -75,6 +75,7 @@ from jobs.transform.segments import (
     Scope,
     Segments,
     in_scope,
+    matching,
     namespace_events,
     scope_of,
 )
@@ -214,8 +215,7 @@ class Fold:
         scoped = [ns for ns in self.run_namespaces if scope is None or in_scope(ns, scope)]
         for ns in scoped if len(self.run_namespaces) == 1 else sorted(counted):
             self._reach(ns)
-            in_ns = (F.col(TM_DB) == F.lit(ns[0])) & (F.col(TM_COLL) == F.lit(ns[1]))
-            self._merge_rows(ns, latest.where(in_ns), counted.get(ns, {}))
+            self._merge_rows(ns, latest.where(matching([Watched(*ns)])), counted.get(ns, {}))
         slot = self.writer.slot()
         if self.facts.deletes and counted:  # no rows, no deletes: no MERGE
             deletes = latest.where(F.col(TM_DELETED)).select(

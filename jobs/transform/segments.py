@@ -56,7 +56,7 @@ def in_scope(ns: Namespace, scope: Scope) -> bool:
     return any(part.contains(*ns) for part in scope)
 
 
-def _matching(scope: Scope) -> Column:
+def matching(scope: Scope) -> Column:
     """`in_scope` as a condition on keyed events."""
     either = F.lit(False)
     for part in scope:
@@ -82,9 +82,9 @@ class Segments:
         older than the namespace event `before` (None: up to the run's end)."""
         conditions = [] if before is None else [F.col(TM_EVENT_ID) < F.lit(before)]
         if scope is not None:
-            conditions.append(_matching(scope))
+            conditions.append(matching(scope))
         for ns, lower in sorted(self.folded_to.items()):
-            conditions.append(~(_matching([Watched(*ns)]) & (F.col(TM_EVENT_ID) <= F.lit(lower))))
+            conditions.append(~(matching([Watched(*ns)]) & (F.col(TM_EVENT_ID) <= F.lit(lower))))
         for condition in conditions:
             keyed = keyed.where(condition)
         return keyed
