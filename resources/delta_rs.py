@@ -2,9 +2,10 @@
 found as any AWS client finds a store (the standard variables `resources.spark_lake` reads).
 
 Tidemark looks with it where a JVM round trip costs more than the answer (gc asking whether a
-table has anything to VACUUM); it never deletes or writes with it: deltalake 1.6's full VACUUM
-takes the deletion-vector files of live rows for unreferenced ones and breaks the table
-(FIELD-NOTES). Tests read the curated tables with it as any engine's user would."""
+table has anything to VACUUM); it never deletes or writes with it: deltalake 1.6.6's full
+VACUUM takes the deletion-vector files of live rows for unreferenced ones (measured on a copy
+of a torture `current`: it deleted two, and the table could no longer be read). Tests read the
+curated tables with it as any engine's user would."""
 
 from __future__ import annotations
 
