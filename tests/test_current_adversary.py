@@ -104,6 +104,39 @@ def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key
     _rows_match(spark, sqlite_store, lake, stream)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="out-of-order namespace events do not commute: a late rename a -> b, folded after a "
+    "newer run renamed b to e, moves a's rows into b, which no longer exists, where they should "
+    "have gone on to e (`_move` does not follow the target's later barriers). Fix needed: a run "
+    "that folds a namespace event older than a barrier already written for its source or "
+    "target rebuilds the collections connected to it by later renames from `changes`.",
+)
+def test_a_replayed_rename_into_a_collection_renamed_away_since_follows_it(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    db = client[db_name]
+    before_start = cluster_time(client)
+    db.a.insert_one({"_id": 1})
+    db.a.rename("b")  # before the stream's start: the late window
+    stream = make_stream(collection=None)  # the whole database
+    drain(stream, raw_client, sqlite_store, lake)
+    db.b.insert_one({"_id": 2})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    db.b.rename("e")
+    db.e.insert_one({"_id": 3})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    late = capture_events(raw_client, db_name, None, before_start, 2)  # insert into a, rename
+    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
+    transform(spark, sqlite_store, lake, stream)
+    rows = exact_documents(spark, sqlite_store, lake, stream.name)
+    assert {r._tm_coll for r in rows.collect()} == {"e"}  # b and a no longer exist
+    assert current_state(rows) == source_state(raw_client, db_name, "e")
+
+
 def _snapshot_rows(frame) -> dict[str, dict]:
     """A version as readers see it: per key, every column (typed ones included)."""
     rows = frame.collect()
