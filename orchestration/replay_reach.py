@@ -11,6 +11,7 @@ from orchestration.keys import keys
 from orchestration.metadata import explained
 from orchestration.resources import MongoResource, StateStoreResource
 from tidemark.config import StreamConfig
+from tidemark.tokens import moment_text
 
 
 def replay_reach_check(
@@ -41,7 +42,7 @@ def replay_reach_check(
                 "partitions_out_of_reach": out_of_reach,
                 "first_replayable_partition": reachable[0] if reachable else "none",
             },
-            description=f"the oplog holds {first:%Y-%m-%d %H:%M:%S} UTC onwards: "
+            description=f"the oplog holds {moment_text(first)} onwards: "
             + (
                 f"{out_of_reach} of {len(all_keys)} partitions start before it and cannot run; "
                 if out_of_reach

@@ -40,6 +40,13 @@ def ts_to_datetime(ts: Timestamp | int | None) -> datetime | None:
     return datetime.fromtimestamp(ts.time, UTC)
 
 
+def moment_text(moment: datetime | Timestamp | None) -> str:
+    """A moment as Tidemark's messages write it: `2026-11-28 19:35:23 UTC`."""
+    if isinstance(moment, Timestamp):
+        moment = ts_to_datetime(moment)
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "an unknown time"
+
+
 def datetime_to_ts(moment: datetime) -> Timestamp:
     """The first cluster time at or after `moment` (increments start at 1)."""
     if moment.tzinfo is None:

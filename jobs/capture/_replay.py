@@ -28,27 +28,23 @@ from state.leases import CAPTURE_LEASE_TTL
 from tidemark.config import Budget, StreamConfig
 from tidemark.errors import HistoryLost, ReplayRefused
 from tidemark.object_path import LakePath
-from tidemark.tokens import datetime_to_ts, ts_to_datetime
-
-
-def _fmt(moment: datetime | None) -> str:
-    return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "an unknown time"
+from tidemark.tokens import datetime_to_ts, moment_text, ts_to_datetime
 
 
 def check_window(stream: str, client: MongoClient, start: datetime, end: datetime) -> None:
     now = ts_to_datetime(cluster_time(client))
     if end > datetime.now(UTC) or (now is not None and end > now + timedelta(seconds=10)):
         raise ReplayRefused(
-            f"The replay window [{_fmt(start)}, {_fmt(end)}) of stream {stream!r} is not closed "
-            "yet: events may still arrive in it.",
+            f"The replay window [{moment_text(start)}, {moment_text(end)}) of stream {stream!r} "
+            "is not closed yet: events may still arrive in it.",
             "Replay it after its end; the incremental schedule covers the open window meanwhile.",
         )
     window = oplog_window(client)
     if window is not None and datetime_to_ts(start) < window.first:
         raise ReplayRefused(
-            f"The replay window [{_fmt(start)}, {_fmt(end)}) of stream {stream!r} starts before "
-            f"the oplog's first entry ({_fmt(ts_to_datetime(window.first))}): its changes are no "
-            "longer on the server, so a replay could not be exact.",
+            f"The replay window [{moment_text(start)}, {moment_text(end)}) of stream {stream!r} "
+            f"starts before the oplog's first entry ({moment_text(window.first)}): its changes "
+            "are no longer on the server, so a replay could not be exact.",
             "Replay only windows inside the oplog (see `tidemark status`); older data needs a "
             "snapshot of the collection.",
         )
@@ -101,9 +97,9 @@ def replay(
             # The oplog rolled past the window's start between the check and the read: the
             # window is older than the oplog now, as if the check had found it so.
             raise ReplayRefused(
-                f"The replay window [{_fmt(start)}, {_fmt(end)}) of stream {stream.name!r} fell "
-                "off the oplog while it was being read: its changes are no longer on the "
-                "server, so a replay could not be exact. Nothing was committed.",
+                f"The replay window [{moment_text(start)}, {moment_text(end)}) of stream "
+                f"{stream.name!r} fell off the oplog while it was being read: its changes are no "
+                "longer on the server, so a replay could not be exact. Nothing was committed.",
                 "Replay only windows well inside the oplog (see `tidemark status`); older "
                 "data needs a snapshot of the collection.",
             ) from None

@@ -48,14 +48,14 @@ from jobs.capture.capture_pass import Capture
 from state import Checkpoint, NewPosition
 from tidemark.config import StreamConfig
 from tidemark.errors import StateStoreError, StreamInvalidated
-from tidemark.tokens import SourceIdentity, datetime_to_ts, ts_to_datetime
+from tidemark.tokens import SourceIdentity, datetime_to_ts, moment_text, ts_to_datetime
 
 
 def check_invalidate(checkpoint: Checkpoint, stream: StreamConfig) -> None:
     """Rule 1: a stream whose checkpoint is an invalidate either stops there or goes on."""
     if checkpoint.token_is_invalidate and stream.on_invalidate == "stop":
         moment = ts_to_datetime(checkpoint.cluster_time)
-        when = f"at {moment:%Y-%m-%d %H:%M:%S} UTC " if moment else ""
+        when = f"at {moment_text(moment)} " if moment else ""
         raise StreamInvalidated(
             f"Stream {stream.name!r} ended with an invalidate {when}"
             f"({stream.namespace} was dropped or renamed), and "

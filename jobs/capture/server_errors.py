@@ -19,7 +19,7 @@ from tidemark.errors import (
     SplitStageRequired,
     TidemarkError,
 )
-from tidemark.tokens import ts_to_datetime
+from tidemark.tokens import moment_text
 
 HISTORY_LOST = 286  # ChangeStreamHistoryLost
 FATAL = 280  # ChangeStreamFatalError: the resume token is no longer found
@@ -35,11 +35,6 @@ def server_message(exc: OperationFailure) -> str:
     message = details.get("errmsg") or str(exc).split(", full error:")[0]
     name = details.get("codeName")
     return f"{message} ({name}, code {exc.code})" if name else f"{message} (code {exc.code})"
-
-
-def _fmt(ts: Timestamp | None) -> str:
-    moment = ts_to_datetime(ts)
-    return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "an unknown time"
 
 
 def _splits(client: MongoClient) -> bool:
@@ -70,14 +65,14 @@ def translate(
     if exc.code in (HISTORY_LOST, FATAL):
         window = oplog_window(client)
         first = (
-            f"the oplog's first entry is at {_fmt(window.first)}"
+            f"the oplog's first entry is at {moment_text(window.first)}"
             if window
             else ("the oplog's first entry could not be read")
         )
         return HistoryLost(
-            f"Stream {stream!r} cannot resume: its stored position ({_fmt(position_time)}) is "
-            f"no longer in the oplog ({first}), so the changes in between are gone from the "
-            "server. The checkpoint was left untouched.",
+            f"Stream {stream!r} cannot resume: its stored position "
+            f"({moment_text(position_time)}) is no longer in the oplog ({first}), so the "
+            "changes in between are gone from the server. The checkpoint was left untouched.",
             f"To recover: `tidemark reset {stream} --to-now` skips the gap (the lake misses the "
             "changes made in it); a re-snapshot of the collection restores exactness; and a "
             "larger oplog (replSetResizeOplog) or more frequent runs keep it from happening again.",

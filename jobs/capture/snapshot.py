@@ -232,7 +232,7 @@ def _snapshot_document(
         )
     made = bytes(document.raw)
     try:
-        same_key = id_key(made) == key
+        same_key = id_document(made) == key
     except ValueError:
         same_key = False
     if not same_key:
@@ -245,7 +245,7 @@ def _snapshot_document(
     return made
 
 
-def id_key(document: bytes) -> bytes:
+def id_document(document: bytes) -> bytes:
     """`{_id: <value>}` with the document's _id exactly as stored, never decoded: a date
     outside Python's range, an int32 or int64, -0.0 all stay what they are."""
     for name, _type, value, size in elements(document):
@@ -319,7 +319,7 @@ def read_chunk(
     with closing(documents):
         for index, document in enumerate(documents):
             raw = bytes(document.raw)  # a memoryview into the reply for large documents
-            key = id_key(raw)
+            key = id_document(raw)
             if index == 0 and key == after:
                 continue  # min() is inclusive: that one is already copied
             if len(rows) == max_documents or (rows and nbytes + len(raw) > max_bytes):

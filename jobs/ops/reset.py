@@ -11,7 +11,7 @@ from state import NewPosition, StateStore
 from state.leases import RESET_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.errors import ResetTimeBeforeOplog, ResetTimeInFuture
-from tidemark.tokens import datetime_to_ts, ts_to_datetime
+from tidemark.tokens import datetime_to_ts, moment_text, ts_to_datetime
 
 
 def reset_stream(
@@ -34,15 +34,15 @@ def reset_stream(
         # Wall time, not cluster time: an idle cluster's time lags by up to its no-op interval.
         if to_time > datetime.now(UTC):
             raise ResetTimeInFuture(
-                f"Cannot reset stream {stream.name!r} to {to_time:%Y-%m-%d %H:%M:%S} UTC: "
+                f"Cannot reset stream {stream.name!r} to {moment_text(to_time)}: "
                 "that is in the future.",
                 "Use --to-now, or a time in the past.",
             )
         window = oplog_window(client)
         if window is not None and target < window.first:
             raise ResetTimeBeforeOplog(
-                f"Cannot reset stream {stream.name!r} to {to_time:%Y-%m-%d %H:%M:%S} UTC: the "
-                f"oplog starts at {ts_to_datetime(window.first):%Y-%m-%d %H:%M:%S} UTC, so the "
+                f"Cannot reset stream {stream.name!r} to {moment_text(to_time)}: the "
+                f"oplog starts at {moment_text(window.first)}, so the "
                 "changes before that are gone.",
                 "Choose a time inside the oplog window (see `tidemark status`).",
             )

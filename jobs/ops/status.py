@@ -11,7 +11,7 @@ from jobs.capture.namespaces import missing_namespace
 from resources.mongo import cluster_time, oplog_window
 from state import BatchRecord, StateStore
 from tidemark.config import StreamConfig
-from tidemark.tokens import ts_to_datetime
+from tidemark.tokens import moment_text, ts_to_datetime
 
 YOUNG_OPLOG_SECONDS = 3600
 
@@ -50,7 +50,7 @@ class StreamStatus:
         """Each thing `condition` flags, as a sentence naming what to do."""
         found = []
         if self.stopped_at_invalidate:
-            moment = f" at {self.position_time:%Y-%m-%d %H:%M:%S} UTC" if self.position_time else ""
+            moment = f" at {moment_text(self.position_time)}" if self.position_time else ""
             found.append(
                 f"stream {self.stream} stopped at an invalidate{moment} ({self.namespace} was "
                 "dropped or renamed) and its on_invalidate is 'stop': nothing after it is "

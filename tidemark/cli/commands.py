@@ -23,7 +23,7 @@ from tidemark.cli.runtime import Runtime, StreamFailures, open_runtime
 from tidemark.cli.table import format_table, human_bytes
 from tidemark.errors import StreamArgumentMissing, TidemarkError, WorkloadStreamMissing
 from tidemark.settings import Settings, home_notice
-from tidemark.tokens import ts_to_datetime
+from tidemark.tokens import moment_text, ts_to_datetime
 
 if TYPE_CHECKING:
     from jobs.capture import DrainResult
@@ -272,7 +272,7 @@ def _reset(runtime: Runtime, args: argparse.Namespace) -> int:
         actor=actor,
     )
     print(
-        f"Stream {stream.name!r} now starts from {moment:%Y-%m-%d %H:%M:%S} UTC "
+        f"Stream {stream.name!r} now starts from {moment_text(moment)} "
         "(recorded in the state store's reset history)."
     )
     return 0

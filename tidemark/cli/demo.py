@@ -153,7 +153,9 @@ def summary(stream: StreamConfig, result: Any, checked: list[Any]) -> str:
 def _utc(timestamp: float) -> str:
     from datetime import UTC, datetime
 
-    return f"{datetime.fromtimestamp(timestamp, UTC):%Y-%m-%d %H:%M:%S} UTC"
+    from tidemark.tokens import moment_text
+
+    return moment_text(datetime.fromtimestamp(timestamp, UTC))
 
 
 def collection_tables(runtime: Runtime, stream: str) -> str:
