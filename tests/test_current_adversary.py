@@ -162,8 +162,10 @@ def _typed_columns_are_the_document(frame, schema_json: str) -> None:
 def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and_drop(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
-    """Every version reads back as it was, then, once `keep_versions` is lowered, the two a
-    run keeps (one run: the pruning is the state store's, the files' age is VACUUM's)."""
+    """Every version reads back as it was; then a run with `keep_versions` lowered to 2 prunes
+    the rest, and after gc the two it kept read back. One run serves both: lowering
+    `keep_versions` changes only the state store's list, since VACUUM keeps every file younger
+    than an hour either way."""
     from jobs.ops import collect_garbage
 
     coll = client[db_name]["orders"]
