@@ -38,6 +38,7 @@ _RAW_COLUMNS = from_arrow_schema(RAW_SCHEMA)
 # settings).
 LARGE_EVENT_BYTES = 1 << 20
 DOCUMENT_JSON_TYPE = StructType([StructField(name, StringType()) for name in DOCUMENT_FIELDS])
+NAMESPACE_TYPE = StructType([StructField("db", StringType()), StructField("coll", StringType())])
 
 
 def document_json_arrays(raw: pa.Array) -> pa.Array:
@@ -169,29 +170,46 @@ class _Census:
     count: int  # the events the change log lacks (each once)
     first: str | None
     last: str | None
+    namespaces: list[tuple[str | None, str | None]]  # (db, coll) of those events, sorted
 
 
 def _census(raw: DataFrame, seen: DataFrame | None) -> _Census:
     """One job over the event-id and document-key columns alone (`seen`: the change log's ids
     in range). It tells the common run (no replay, no re-run) that its rows need no
-    de-duplication, so they are written without a shuffle of the raw BSON; gives the count and
-    id range of what will be written, so nothing is read back; and whether a key needs Python
-    to be made canonical (`fold.with_canonical_key`)."""
+    de-duplication, so they are written without a shuffle of the raw BSON; gives the count, id
+    range and namespaces of what will be written, so nothing is read back; and whether a key
+    needs Python to be made canonical (`fold.with_canonical_key`)."""
     key = F.col("document_key")
     other = (key.isNotNull() & ~key.rlike(ID_ONLY)).cast("int")
-    ids = raw.select("event_id", F.lit(1).alias("new"), other.alias("other"))
+    namespace = F.struct("db", "coll")
+    ids = raw.select("event_id", F.lit(1).alias("new"), other.alias("other"), namespace.alias("ns"))
     if seen is not None:
+        nothing = F.lit(None).cast(NAMESPACE_TYPE)
         ids = ids.unionByName(
-            seen.select("event_id", F.lit(0).alias("new"), F.lit(0).alias("other"))
+            seen.select(
+                "event_id", F.lit(0).alias("new"), F.lit(0).alias("other"), nothing.alias("ns")
+            )
         )
     per_id = ids.groupBy("event_id").agg(
-        F.count(F.lit(1)).alias("n"), F.min("new").alias("new"), F.max("other").alias("other")
+        F.count(F.lit(1)).alias("n"),
+        F.min("new").alias("new"),
+        F.max("other").alias("other"),
+        F.max("ns").alias("ns"),  # an event's namespace (a logged row has none: null)
     )
-    adds = F.when(F.col("new") == 1, F.col("event_id"))  # in the batches, not logged yet
-    row = per_id.agg(F.max("n"), F.count(adds), F.min(adds), F.max(adds), F.max("other")).first()
+    new = F.col("new") == 1  # in the batches, not logged yet
+    adds = F.when(new, F.col("event_id"))
+    row = per_id.agg(
+        F.max("n"),
+        F.count(adds),
+        F.min(adds),
+        F.max(adds),
+        F.max("other"),
+        F.collect_set(F.when(new, F.col("ns"))),
+    ).first()
     assert row is not None  # a global aggregate has one row
-    most, count, first, last, other_keys = row
-    return _Census(bool(most and most > 1), bool(other_keys), count, first, last)
+    most, count, first, last, other_keys, found = row
+    namespaces = sorted(((n.db, n.coll) for n in found), key=lambda n: (n[0] or "", n[1] or ""))
+    return _Census(bool(most and most > 1), bool(other_keys), count, first, last, namespaces)
 
 
 def log_new_events(
@@ -204,8 +222,8 @@ def log_new_events(
     tables; None when there are none (then nothing is written). `large`: the batches' events
     are large (`large_events`), so their rows are made one task at a time and held on disk.
     Spark jobs: the event-id
-    range of the batches when the manifest lacks it, the census of event ids (`_census`), the
-    rows held once, their namespaces, one append per collection."""
+    range of the batches when the manifest lacks it, the census of event ids and namespaces
+    (`_census`), the rows held once, one append per collection."""
     if not batches:
         return None
     spark, lake_root, stream = writer.spark, writer.lake_root, writer.stream
@@ -228,16 +246,16 @@ def log_new_events(
         raw = raw.coalesce(1)
     # Held once: each collection's append, and the fold after them, read these rows.
     events = held(change_log_rows(raw), large)
-    found = events.select("db", "coll").distinct().collect()
-    namespaces = sorted(((r.db, r.coll) for r in found), key=lambda n: (n[0] or "", n[1] or ""))
-    for db, coll in namespaces:
+    for db, coll in census.namespaces:
         rows = events.where(
             F.col("db").eqNullSafe(F.lit(db)) & F.col("coll").eqNullSafe(F.lit(coll))
         )
         path = changes_dir(lake_root, stream, db, coll)
         writer.create(rows, path, CHANGES_PROPERTIES, writer.slot(), partition_by=["date"])
     assert census.first is not None and census.last is not None
-    return NewEvents(events, namespaces, census.count, census.first, census.last, census.other_keys)
+    return NewEvents(
+        events, census.namespaces, census.count, census.first, census.last, census.other_keys
+    )
 
 
 def _logged(
