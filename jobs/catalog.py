@@ -33,14 +33,14 @@ class TableState:
 
     stream: str
     table: TableName
-    version: int  # the Delta version (a summary: the newest run's number)
+    delta_version: int | None  # the table's Delta version; None for a summary of several
     rows: int
     committed_at: datetime
     location: LakePath
     columns: list[Column] = field(default_factory=list)
     db: str | None = None
     coll: str | None = None
-    run: int | None = None  # the run that made this version
+    run: int | None = None  # the transform run that made this state (a summary: the newest)
     collections: list[TableState] = field(default_factory=list)
 
     @property
@@ -73,7 +73,8 @@ def stream_table(
     return TableState(
         stream=stream,
         table=table,
-        version=max(t.run or 0 for t in parts),
+        delta_version=parts[0].delta_version if len(parts) == 1 else None,
+        run=max(t.run or 0 for t in parts),
         rows=sum(t.rows for t in parts),
         committed_at=newest.committed_at,
         location=parts[0].location if len(parts) == 1 else curated(lake_root, stream),
@@ -95,7 +96,7 @@ def _state(lake_root: LakePath, table: CuratedTable, committed_at: datetime) -> 
     return TableState(
         stream=table.stream,
         table="current" if table.kind == "current" else "changes",
-        version=table.delta_version,
+        delta_version=table.delta_version,
         rows=table.rows,
         committed_at=committed_at,
         location=lake_root / table.path,

@@ -65,8 +65,8 @@ def compaction_sensor(stream: StreamConfig) -> dg.SensorDefinition:
         version)."""
         debt = delta_debt(state.store(), stream.name)
         settings = stream.compaction
-        if debt.version is None or not debt.due(settings.delta_ratio, settings.max_deltas):
+        if debt.run is None or not debt.due(settings.delta_ratio, settings.max_deltas):
             return dg.SensorResult(skip_reason=f"{debt.deltas} deltas: not due")
-        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"v{debt.version}")])
+        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"v{debt.run}")])
 
     return due

@@ -53,9 +53,10 @@ def table_metadata(table: TableState) -> dict[str, Any]:
         "dagster/row_count": table.rows,
         "dagster/uri": table.location.as_uri(),
         "format": "delta",
-        "version": table.version,
         "committed_at": dg.MetadataValue.timestamp(table.committed_at),
     }
+    if table.delta_version is not None:  # a stream's summary spans several tables
+        metadata["delta_version"] = table.delta_version
     return metadata
 
 
@@ -101,7 +102,7 @@ def drain_metadata(
 
 def collection_metadata(table: TableState, drift: SchemaDrift | None = None) -> dict[str, Any]:
     """A collection table's materialization: the table as it is now, the Spark SQL name that
-    reads it, the Tidemark run that made this version, and (for `current`) the columns that
+    reads it, the Tidemark run that made this Delta version, and (for `current`) the columns that
     run added or changed."""
     metadata = {
         **table_metadata(table),
@@ -155,15 +156,16 @@ def curated_metadata(
 
 
 def _collections_md(summary: TableState) -> str:
-    return "| collection | Delta table | version | rows |\n|---|---|---:|---:|\n" + "\n".join(
-        f"| {t.name} | `{t.location}` | {t.version} | {t.rows:,} |" for t in summary.collections
+    return "| collection | Delta table | Delta version | rows |\n|---|---|---:|---:|\n" + "\n".join(
+        f"| {t.name} | `{t.location}` | {t.delta_version} | {t.rows:,} |"
+        for t in summary.collections
     )
 
 
 def compaction_metadata(result: CompactionResult, debt: DeltaDebt) -> dict[str, Any]:
     """Metadata of a compaction's observation of `current`."""
     return {
-        "version": result.version if result.version is not None else debt.version or 0,
+        "tidemark_run": result.run if result.run is not None else debt.run or 0,
         "deltas_compacted": result.deltas,
         "rows": result.rows,
         "rows_written": result.rows_written,

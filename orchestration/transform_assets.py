@@ -220,7 +220,7 @@ def _changed_tables(
     changed = {(t.db, t.coll, t.kind) for t in result.tables}
     if not changed:
         return []
-    drift = {(d.db, d.coll): d for d in schema_drift(store, stream.name) if d.run == result.version}
+    drift = {(d.db, d.coll): d for d in schema_drift(store, stream.name) if d.run == result.run}
     reported = []
     for table in tables(store, lake_root, stream.name):
         db, coll = table.db or "", table.coll or ""

@@ -14,9 +14,9 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient, WriteConcern
 
-import jobs.capture._drain as drain_module
-import jobs.capture._replay as replay_module
 import jobs.capture.capture_pass as capture_pass
+import jobs.capture.drain_run as drain_module
+import jobs.capture.replay_window as replay_module
 from jobs.capture import drain, drain_until_caught_up, replay
 from jobs.capture.reader import ChangeStreamReader
 from jobs.ops import collect_garbage

@@ -39,7 +39,7 @@ def test_the_first_load_is_no_debt_and_merges_since_a_compaction_are(store):
     store.ensure_stream(stream)
     _commit(store, stream.name, 1, "merge", folded=20, rows=20)  # the first load: fresh files
     debt = delta_debt(store, stream.name)
-    assert (debt.version, debt.deltas) == (1, 0) and not debt.due(0.5, 10)
+    assert (debt.run, debt.deltas) == (1, 0) and not debt.due(0.5, 10)
 
     _commit(store, stream.name, 2, "merge", folded=6, rows=20)
     assert not delta_debt(store, stream.name).due(0.5, 10)  # 6 rows < 0.5 x 20
@@ -49,6 +49,6 @@ def test_the_first_load_is_no_debt_and_merges_since_a_compaction_are(store):
 
     _commit(store, stream.name, 4, COMPACTION, folded=0, rows=20)
     debt = delta_debt(store, stream.name)
-    assert (debt.version, debt.deltas) == (4, 0) and not debt.due(0.5, 1)
+    assert (debt.run, debt.deltas) == (4, 0) and not debt.due(0.5, 1)
     _commit(store, stream.name, 5, "merge", folded=1, rows=20)
     assert delta_debt(store, stream.name).due(0.5, 1)  # max_deltas alone

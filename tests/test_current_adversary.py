@@ -96,7 +96,7 @@ def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key
     late = capture_events(raw_client, db_name, None, before_start, 2)  # insert into a, rename
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     result = transform(spark, sqlite_store, lake, stream)
-    assert (result.version, result.kind) == (2, "merge")
+    assert (result.run, result.kind) == (2, "merge")
     rows = exact_documents(spark, sqlite_store, lake, stream.name)
     got = current_state(rows)  # fails on a key held twice
     assert got == source_state(raw_client, db_name, "b")
@@ -184,9 +184,9 @@ def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and
         else:
             result = transform(spark, sqlite_store, lake, stream)
             assert result.kind == "merge"
-        assert result.version is not None
+        assert result.run is not None
         frame = exact_documents(spark, sqlite_store, lake, stream.name)
-        recorded[result.version] = _snapshot_rows(frame)
+        recorded[result.run] = _snapshot_rows(frame)
         source = source_state(raw_client, db_name, "orders")
         assert current_state(frame) == {k: v for k, v in source.items() if k not in unseen}
 
@@ -267,7 +267,7 @@ def test_document_fields_named_like_the_folds_helper_columns_survive_merges_and_
     expected = {name: [9, None] for name in HELPER_NAMES if not name.startswith("_tm_")}
     expected["t"] = [9, 1]
     assert columns() == expected
-    assert compact(spark, sqlite_store, lake, stream).version == 3
+    assert compact(spark, sqlite_store, lake, stream).run == 3
     assert columns() == expected
 
 
@@ -286,7 +286,7 @@ def test_a_run_of_late_events_that_all_lose_reads_back_and_counts(
     late = capture_events(raw_client, db_name, "orders", before_start, 2)  # the two inserts
     commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
     result = transform(spark, sqlite_store, lake, stream)
-    assert (result.version, result.kind, result.changes_added) == (2, "merge", 2)
+    assert (result.run, result.kind, result.changes_added) == (2, "merge", 2)
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"
     )
@@ -327,7 +327,7 @@ def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event
             with pytest.raises(_Die):
                 compact(spark, sqlite_store, lake, stream, before_commit=_die)
             collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
-            assert compact(spark, sqlite_store, lake, stream).version is not None
+            assert compact(spark, sqlite_store, lake, stream).run is not None
         collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
         changes = read_changes(spark, sqlite_store, lake, stream.name)
         assert changes.count() == drained

@@ -156,7 +156,7 @@ def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
         assert moved == {"a": True, "b": True, "c": True}
 
     result = transform(spark, store, lake, stream)
-    assert result.version == intent[0]  # the same run, repeated
+    assert result.run == intent[0]  # the same run, repeated
     assert tstate.intent(stream.name) is None
 
     for coll in COLLS:

@@ -63,7 +63,7 @@ def test_each_collection_has_its_own_tables_that_delta_rs_reads_as_find(
     db.users.rename("members")
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     result = transform(spark, sqlite_store, lake, stream)
-    assert result.version == 2
+    assert result.run == 2
 
     tables = current_tables(sqlite_store, lake, stream.name)
     assert {coll for _, coll in tables} == {"orders", "users", "members", "gone", "later"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-from jobs.capture import _replay, drain, replay
+from jobs.capture import drain, replay, replay_window
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
@@ -81,7 +81,7 @@ def test_a_replay_window_that_falls_off_the_oplog_while_read_is_refused(
     kept = sqlite_store.checkpoint(stream.name)
     roll_oplog_past(writer, datetime_to_ts(start + timedelta(seconds=2)))
     end = datetime.now(UTC) - timedelta(seconds=1)
-    monkeypatch.setattr(_replay, "check_window", lambda *args: None)
+    monkeypatch.setattr(replay_window, "check_window", lambda *args: None)
     with pytest.raises(ReplayRefused) as refused:
         replay(stream, raw, sqlite_store, lake, start, end)
     assert "fell off the oplog" in str(refused.value)

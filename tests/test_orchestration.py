@@ -217,7 +217,8 @@ def test_compaction_runs_when_the_deltas_grow_and_a_quiet_run_starts_no_spark(
     }
     assert set(observed) == {"orders/curated", f"orders/{db_name}/orders.current"}
     assert observed["orders/curated"]["deltas_compacted"] == 2
-    assert observed["orders/curated"]["version"] == 4 and observed["orders/curated"]["rows"] == 20
+    curated = observed["orders/curated"]
+    assert curated["tidemark_run"] == 4 and curated["rows"] == 20
     assert observed[f"orders/{db_name}/orders.current"]["dagster/row_count"] == 20
     assert requests() == []  # nothing merged since
     table = resources["lake"].path / "curated" / "orders" / db_name / "orders" / "current"
@@ -398,7 +399,7 @@ def test_the_catalog_shows_columns_rows_and_location_of_each_table(setup, client
     assert {"name": "string", "qty": "bigint", "price": "double"}.items() <= columns.items()
     assert columns["_tm_residual"] == "string" and columns["_tm_cluster_time"] == "timestamp"
     assert "_tm_document" not in columns  # the exact document is one join away
-    assert current["dagster/row_count"] == 12 and current["version"] == 1
+    assert current["dagster/row_count"] == 12 and current["delta_version"] == 1
     table = lake / "curated" / "orders" / db_name / "orders" / "current"
     assert current["dagster/uri"] == table.as_uri() and current["format"] == "delta"
     assert current["dagster/table_name"] == f"delta.`{table}`" and current["tidemark_run"] == 1

@@ -64,7 +64,7 @@ def test_oracle_current_equals_source_after_every_increment(
             burst(client, db_name, "orders", rng, 300)
         drained += drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         result = transform(spark, sqlite_store, lake, stream)
-        assert result.version is not None
+        assert result.run is not None
 
         expected = source_state(raw_client, db_name, "orders")
         got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
@@ -115,7 +115,7 @@ def test_rerun_and_redelivery_change_nothing(
     client[db_name]["orders"].update_many({}, {"$inc": {"v": 100}})
     drain(stream, raw_client, sqlite_store, lake)
     first = transform(spark, sqlite_store, lake, stream)
-    assert first.version == 1 and first.changes_added == 100
+    assert first.run == 1 and first.changes_added == 100
     before = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
 
     again = transform(spark, sqlite_store, lake, stream)
@@ -315,7 +315,7 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     made = {t.path: delta_version(lake / t.path) for t in before}
 
     result = transform(spark, sqlite_store, lake, stream)  # simply run again
-    assert result.version == 2 and result.changes_added == 5
+    assert result.run == 2 and result.changes_added == 5
     assert tstate.intent(stream.name) is None
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == source_state(
         raw_client, db_name, "orders"

@@ -74,7 +74,7 @@ def test_late_events_after_deletes_in_later_runs_and_after_a_compaction_never_re
     commit_raw_batch(sqlite_store, lake, stream.name, late[:3], "replay")  # inserts 1, 2, 3
     assert transform(spark, sqlite_store, lake, stream).kind == "merge"
     check()  # 3 arrives; 1 and 2 lose to their tombstones of the run before
-    assert compact(spark, sqlite_store, lake, stream).version == 4
+    assert compact(spark, sqlite_store, lake, stream).run == 4
     commit_raw_batch(sqlite_store, lake, stream.name, late[3:], "replay")  # the replace of 1
     transform(spark, sqlite_store, lake, stream)
     check()  # the compaction (OPTIMIZE, purge) kept the tombstone of 1
@@ -185,7 +185,7 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
             coll.insert_one({"_id": 20, "v": 2})
             drain(stream, raw_client, sqlite_store, lake)
             result = transform(spark, sqlite_store, lake, stream)
-            assert (result.version, result.repeated, result.batches) == (3, True, 2)
+            assert (result.run, result.repeated, result.batches) == (3, True, 2)
             after.update(source_state(raw_client, db_name, "orders"))
         return real_typing(*args)
 
@@ -341,7 +341,7 @@ def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_b
         change()
         drain(stream, raw_client, sqlite_store, lake)
         result = transform(spark, sqlite_store, lake, stream)
-        assert (result.version, result.kind) == (version, "merge")
+        assert (result.run, result.kind) == (version, "merge")
         states[version] = source_state(raw_client, db_name, "orders")
     with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
@@ -393,7 +393,7 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
     ]
     assert tstate.tables(stream.name) == before  # readers stay on the recorded versions
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == expected
-    assert compact(spark, sqlite_store, lake, stream).version == 3  # simply run again
+    assert compact(spark, sqlite_store, lake, stream).run == 3  # simply run again
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == expected
     for table in tstate.tables(stream.name):
         assert not unrecorded_commits(lake / table.path, table.delta_version), table.path

@@ -4,7 +4,7 @@
 resumes after an error). These are the rules between runs: where a drain opens the change
 stream from the stored checkpoint, and where the checkpoint stands once the drain's pass is
 done. A snapshot's start and `tidemark reset` move it explicitly (`jobs.capture.snapshot`,
-`jobs.ops.reset`); a replay never moves it. The drain (`jobs.capture._drain`) applies them in
+`jobs.ops.reset`); a replay never moves it. The drain (`jobs.capture.drain_run`) applies them in
 this order:
 
 1. **An invalidate that stops.** A checkpoint at an invalidate, of a stream whose

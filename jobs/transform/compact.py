@@ -33,7 +33,7 @@ COMPACTION = "optimize"  # the run kind a compaction records
 class DeltaDebt:
     """How many runs merged into `current` since the last compaction."""
 
-    version: int | None  # the newest run
+    run: int | None  # the newest run
     deltas: int  # merge runs since the last compaction
     delta_rows: int  # rows those runs changed (events folded)
     base_rows: int  # live rows now
@@ -47,7 +47,7 @@ class DeltaDebt:
 @dataclass(frozen=True)
 class CompactionResult:
     stream: str
-    version: int | None  # the run it recorded; None: nothing to compact
+    run: int | None  # the run it recorded; None: nothing to compact
     deltas: int  # merge runs it settled
     rows_written: int  # rows in the files it rewrote (0 when nothing needed it)
     rows: int

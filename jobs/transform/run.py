@@ -51,7 +51,7 @@ SparkSource = SparkSession | Callable[[], SparkSession]
 @dataclass
 class TransformResult:
     stream: str
-    version: int | None  # the run's number when it changed a `current` table
+    run: int | None  # the run's number when it changed a `current` table
     batches: int
     events_read: int
     changes_added: int
@@ -95,10 +95,10 @@ def _combined(first: TransformResult, then: TransformResult) -> TransformResult:
     """Two runs made by one call, reported as one (the second's table state)."""
     if not then.batches:
         return first
-    made = then if then.version is not None else first
+    made = then if then.run is not None else first
     return replace(
         then,
-        version=made.version,
+        run=made.run,
         batches=first.batches + then.batches,
         events_read=first.events_read + then.events_read,
         changes_added=first.changes_added + then.changes_added,
@@ -220,7 +220,7 @@ def _transform(
         made = record is not None and record.path is not None
         return TransformResult(
             stream=stream.name,
-            version=number if made else None,
+            run=number if made else None,
             batches=len(batches),
             events_read=events_read,
             changes_added=added,

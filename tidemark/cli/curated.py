@@ -98,7 +98,7 @@ def _transform_streams(
             failures.failed.append((stream.name, exc))
             rows.append([stream.name, "-", "-", "-", "-", "-", "FAILED (see below)"])
             continue
-        made = f"{r.version} ({r.kind})" if r.version is not None else "-"
+        made = f"{r.run} ({r.kind})" if r.run is not None else "-"
         rows.append(
             [
                 stream.name,
@@ -110,7 +110,7 @@ def _transform_streams(
                 f"{r.duration_s:.2f} s" if r.batches else "nothing new",
             ]
         )
-    header = ["stream", "batches", "events", "changes added", "version", "rows", "took"]
+    header = ["stream", "batches", "events", "changes added", "run", "rows", "took"]
     print(format_table(header, rows))
     return failures.report()
 
@@ -130,7 +130,7 @@ def tables_command(runtime: Runtime, as_json: bool = False) -> int:
                     stream.name,
                     t.name,
                     t.table,
-                    t.version,
+                    t.delta_version,
                     f"{t.rows:,}",
                     t.run,
                     str(t.location),
@@ -153,7 +153,7 @@ def _table_json(table: TableState) -> dict[str, Any]:
         "collection": table.coll,
         "table": table.table,
         "format": "delta",
-        "delta_version": table.version,
+        "delta_version": table.delta_version,
         "run": table.run,
         "rows": table.rows,
         "committed_at": iso_utc(table.committed_at),

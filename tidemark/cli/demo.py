@@ -134,7 +134,7 @@ def summary(stream: StreamConfig, result: Any, checked: list[Any]) -> str:
             rows.append(
                 [
                     label,
-                    f"Delta version {metadata.get('version', '-')}, "
+                    f"Delta version {metadata.get('delta_version', '-')}, "
                     f"{metadata.get('dagster/row_count', 0):,} rows",
                 ]
             )
@@ -163,7 +163,7 @@ def collection_tables(runtime: Runtime, stream: str) -> str:
     from jobs.catalog import tables
 
     rows = [
-        [t.name, t.table, f"{t.rows:,}", t.version, str(t.location)]
+        [t.name, t.table, f"{t.rows:,}", t.delta_version, str(t.location)]
         for t in tables(runtime.store, runtime.lake_root, stream)
     ]
     header = ["collection", "table", "rows", "delta version", "Delta table"]

@@ -352,13 +352,13 @@ class Torture:
         from jobs.transform import compact
 
         result = compact(self.spark, self.store, self.lake, stream)
-        return f"compacted {result.deltas} deltas into v{result.version}"
+        return f"compacted {result.deltas} deltas into run {result.run}"
 
     def _transform(self, stream: StreamConfig) -> str:
         from jobs.transform import transform
 
         result = transform(self.spark, self.store, self.lake, stream)
-        return f"+{result.changes_added} changes, v{result.version}"
+        return f"+{result.changes_added} changes, run {result.run}"
 
     def _settle(self) -> None:
         """One clean run of each step: drains until caught up, gc, a transform; then a late
