@@ -18,7 +18,8 @@ import jobs.capture.capture_pass as capture_pass
 import jobs.capture.drain_run as drain_module
 import jobs.capture.replay_window as replay_module
 from jobs.capture import drain, drain_until_caught_up, replay
-from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.drain_run import DrainSeams
+from jobs.capture.reader import ChangeStreamReader, WatchSpec
 from jobs.ops import collect_garbage
 from resources.mongo import connect
 from tests.helpers.lake_reading import committed_table
@@ -73,8 +74,8 @@ def test_a_write_between_the_horizon_and_the_aggregate_is_not_skipped(
 
 def _invalidate_token(raw_client: MongoClient, db: str, resume_after) -> RawBSONDocument:
     """The token of the closed cursor after a drop, read through a CRUD-only pipeline."""
-    with ChangeStreamReader(raw_client, db, "orders", {"resumeAfter": resume_after}, CRUD_ONLY,
-                            100, 300) as reader:  # fmt: skip
+    spec = WatchSpec(db, "orders", {"resumeAfter": resume_after}, CRUD_ONLY, 100, 300)
+    with ChangeStreamReader(raw_client, spec) as reader:
         for reply in reader.replies():
             assert not reply.caught_up, "the stream was not invalidated"
             if reply.closed:
@@ -330,7 +331,11 @@ def test_a_definition_changed_during_a_first_drain_is_not_taken_over_by_it(
         refused.append(held.value)
 
     first = drain(
-        inserts_only, raw_client, sqlite_store, lake, before_commit=the_other_definition_runs
+        inserts_only,
+        raw_client,
+        sqlite_store,
+        lake,
+        seams=DrainSeams(before_commit=the_other_definition_runs),
     )
     assert refused and first.events == 1
     assert sqlite_store.checkpoint(inserts_only.name).fingerprint == inserts_only.fingerprint()

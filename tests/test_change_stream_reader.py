@@ -10,7 +10,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
-from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.reader import ChangeStreamReader, WatchSpec
 from tests.helpers.lake_reading import direct_events
 
 # The server-version matrix: the embedded 6.0.5 and 6.0.27, which splits large events.
@@ -56,12 +56,16 @@ def _fail_next_get_more(client: MongoClient, **data) -> None:
 def test_same_events_as_watch(client, reader_client, db_name):
     start = _start(client, db_name)
     client[db_name]["o"].insert_many([{"i": i} for i in range(700)])
-    with ChangeStreamReader(reader_client, db_name, "o", {"resumeAfter": start}, [], 100, 300) as r:
+    with ChangeStreamReader(
+        reader_client, WatchSpec(db_name, "o", {"resumeAfter": start}, [], 100, 300)
+    ) as r:
         events, token = _read_all(r)
     reference = direct_events(reader_client[db_name]["o"], start)
     assert [e.raw for e in events] == [e.raw for e in reference]
     # Resuming from the final token finds nothing more: it is past every event.
-    with ChangeStreamReader(reader_client, db_name, "o", {"resumeAfter": token}, [], 100, 300) as r:
+    with ChangeStreamReader(
+        reader_client, WatchSpec(db_name, "o", {"resumeAfter": token}, [], 100, 300)
+    ) as r:
         assert _read_all(r)[0] == []
 
 
@@ -79,7 +83,9 @@ def test_resumes_once_after_a_resumable_error_with_nothing_lost(
 ):
     start = _start(client, db_name)
     client[db_name]["o"].insert_many([{"i": i} for i in range(600)])
-    with ChangeStreamReader(reader_client, db_name, "o", {"resumeAfter": start}, [], 50, 300) as r:
+    with ChangeStreamReader(
+        reader_client, WatchSpec(db_name, "o", {"resumeAfter": start}, [], 50, 300)
+    ) as r:
         events, _ = _read_all(r, after_first=lambda: _fail_next_get_more(client, **fault))
         assert r.resumes == 1
     reference = direct_events(reader_client[db_name]["o"], start)
@@ -89,7 +95,9 @@ def test_resumes_once_after_a_resumable_error_with_nothing_lost(
 def test_a_non_resumable_error_is_raised(client, reader_client, db_name):
     start = _start(client, db_name)
     client[db_name]["o"].insert_many([{"i": i} for i in range(300)])
-    with ChangeStreamReader(reader_client, db_name, "o", {"resumeAfter": start}, [], 50, 300) as r:
+    with ChangeStreamReader(
+        reader_client, WatchSpec(db_name, "o", {"resumeAfter": start}, [], 50, 300)
+    ) as r:
         with pytest.raises(OperationFailure) as failed:
             _read_all(r, after_first=lambda: _fail_next_get_more(client, errorCode=2))
         assert failed.value.code == 2 and r.resumes == 0
@@ -99,13 +107,15 @@ def test_start_after_an_invalidate_follows_the_recreated_collection(client, read
     start = _start(client, db_name)
     client[db_name]["o"].insert_one({"before": 1})
     client[db_name]["o"].drop()
-    with ChangeStreamReader(reader_client, db_name, "o", {"resumeAfter": start}, [], 50, 300) as r:
+    with ChangeStreamReader(
+        reader_client, WatchSpec(db_name, "o", {"resumeAfter": start}, [], 50, 300)
+    ) as r:
         events = [e for reply in r.replies() for e in reply.events]  # ends: the server closes it
     assert [e["operationType"] for e in events] == ["insert", "drop", "invalidate"]
     client[db_name]["o"].insert_one({"after": 1})
     invalidate = events[-1]["_id"]
     with ChangeStreamReader(
-        reader_client, db_name, "o", {"startAfter": invalidate}, [], 50, 300
+        reader_client, WatchSpec(db_name, "o", {"startAfter": invalidate}, [], 50, 300)
     ) as r:
         after, _ = _read_all(r)
     assert [e["operationType"] for e in after] == ["insert"]

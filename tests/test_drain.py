@@ -15,6 +15,7 @@ from pymongo import monitoring
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.capture._events import event_id
+from jobs.capture.drain_run import DrainSeams
 from jobs.capture.reader import CONFIRM_AWAIT_MS
 from jobs.raw_zone import document_json
 from resources.mongo import connect
@@ -39,7 +40,7 @@ def test_raw_zone_equals_direct_watch_over_the_same_range(
     stream = make_stream()
     start = _prime(stream, raw_client, sqlite_store, lake)
     run_workload(client, db_name, "orders", orders=400, seed=1)
-    result = drain(stream, raw_client, sqlite_store, lake, flush_rows=97)
+    result = drain(stream, raw_client, sqlite_store, lake, seams=DrainSeams(flush_rows=97))
 
     reference = direct_events(raw_client[db_name]["orders"], start.document)
     table = committed_table(sqlite_store, lake, stream.name)

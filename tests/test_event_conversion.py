@@ -22,7 +22,7 @@ from pymongo import MongoClient
 from jobs.bson_buffer import RawDocuments, array_documents, elements
 from jobs.capture import drain, drain_until_caught_up
 from jobs.capture._events import array_events_table, events_table, per_event_table
-from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.reader import ChangeStreamReader, WatchSpec
 from jobs.raw_zone import document_json
 from jobs.transform import exact_documents, transform
 from resources.mongo import cluster_time
@@ -79,7 +79,7 @@ def _read(
         "fullDocumentBeforeChange": "whenAvailable",
     }
     # A small batch size: several replies, each converted on its own.
-    with ChangeStreamReader(client, db, None, options, pipeline or [], 7, 300) as reader:
+    with ChangeStreamReader(client, WatchSpec(db, None, options, pipeline or [], 7, 300)) as reader:
         return [reply.events for reply in reader.replies() if len(reply.events)]
 
 

@@ -19,6 +19,7 @@ import pytest
 from pymongo import MongoClient
 
 from jobs.capture import drain, drain_until_caught_up
+from jobs.capture.drain_run import DrainSeams
 from jobs.transform import exact_documents, transform
 from resources.embedded_mongo import start_mongod, stop_mongod
 from resources.mongo import connect, source_identity
@@ -73,7 +74,13 @@ def test_a_half_done_snapshot_is_not_continued_on_the_other_set(
         b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(6, 12)])
     stream = make_stream(start="snapshot", snapshot_chunk_size=2)
     with pytest.raises(_Stop):
-        drain(stream, raw_client, sqlite_store, lake, after_chunk=_stop_after_first_chunk)
+        drain(
+            stream,
+            raw_client,
+            sqlite_store,
+            lake,
+            seams=DrainSeams(after_chunk=_stop_after_first_chunk),
+        )
     before = _state(sqlite_store, stream.name)
     with pytest.raises(SourceChanged):
         drain(stream, raw_client_b, sqlite_store, lake)
@@ -107,7 +114,7 @@ def test_a_half_done_resnapshot_on_the_other_set_is_not_resumed_back_on_the_firs
             sqlite_store,
             lake,
             resnapshot=True,
-            after_chunk=_stop_after_first_chunk,
+            seams=DrainSeams(after_chunk=_stop_after_first_chunk),
         )
     before = _state(sqlite_store, stream.name)
     with pytest.raises(SourceChanged):
@@ -457,7 +464,13 @@ def test_a_reset_onto_the_other_set_does_not_continue_the_first_sets_copy(
         b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(6)])
     stream = make_stream(start="snapshot", snapshot_chunk_size=2)
     with pytest.raises(_Stop):
-        drain(stream, raw_client, sqlite_store, lake, after_chunk=_stop_after_first_chunk)
+        drain(
+            stream,
+            raw_client,
+            sqlite_store,
+            lake,
+            seams=DrainSeams(after_chunk=_stop_after_first_chunk),
+        )
     reset_stream(stream, raw_client_b, sqlite_store, to_time=None, actor="test")
     drain_until_caught_up(stream, raw_client_b, sqlite_store, lake)
     docs = _committed_docs(sqlite_store, lake, stream.name)

@@ -17,7 +17,7 @@ from bson.raw_bson import RawBSONDocument
 from jobs.capture import drain
 from jobs.capture._fragments import fragment_of, whole_events
 from jobs.capture.capture_pass import PassBounds, capture_pass
-from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.reader import ChangeStreamReader, WatchSpec
 from jobs.capture.writer import RawBatchWriter
 from jobs.transform import exact_documents, read_changes, transform
 from resources.embedded_mongo import free_port
@@ -154,17 +154,19 @@ def _split_update(client, db_name, raw_client, sqlite_store, lake, stream):
 def _reader(raw_client, stream, start_token, batch_size=1):
     return ChangeStreamReader(
         raw_client,
-        stream.database,
-        stream.collection,
-        {
-            "resumeAfter": start_token,
-            "fullDocument": "required",
-            "fullDocumentBeforeChange": "required",
-        },
-        [],
-        batch_size=batch_size,
-        max_await_time_ms=300,
-        split_large_events=True,
+        WatchSpec(
+            stream.database,
+            stream.collection,
+            {
+                "resumeAfter": start_token,
+                "fullDocument": "required",
+                "fullDocumentBeforeChange": "required",
+            },
+            [],
+            batch_size=batch_size,
+            max_await_time_ms=300,
+            split_large_events=True,
+        ),
     )
 
 

@@ -24,6 +24,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 
 from jobs.capture import drain, drain_until_caught_up
+from jobs.capture.drain_run import DrainSeams
 from jobs.capture.snapshot import key_from_text, read_chunk
 from jobs.transform import exact_documents, read_current, transform
 from jobs.transform.identity import identity_key
@@ -211,7 +212,7 @@ def test_a_copy_outrun_by_the_oplog_says_so_and_the_next_run_copies_again(
             roll_oplog_past(client, snapshot.cluster_time)
 
     with pytest.raises(SnapshotOutrun) as outrun:
-        drain(stream, raw, sqlite_store, lake, after_chunk=roll_during_the_copy)
+        drain(stream, raw, sqlite_store, lake, seams=DrainSeams(after_chunk=roll_during_the_copy))
     assert "replSetResizeOplog" in outrun.value.fix
     copy = sqlite_store.running_snapshot(stream.name)
     assert copy is None  # the copy finished and is committed
@@ -305,7 +306,7 @@ def test_every_bson_type_of_id_is_copied_exactly_once_across_small_chunks_and_a_
     client[db_name]["orders"].insert_many([{"_id": v, "n": n} for n, v in enumerate(ids)])
     stream = make_stream(start="snapshot", snapshot_chunk_size=chunk_size)
     with pytest.raises(_Crash):
-        drain(stream, raw_client, sqlite_store, lake, after_chunk=_crash_after(3))
+        drain(stream, raw_client, sqlite_store, lake, seams=DrainSeams(after_chunk=_crash_after(3)))
     (crashed,) = sqlite_store.snapshots(stream.name)
     assert crashed.status == "running" and crashed.documents == 3 * chunk_size
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
@@ -410,7 +411,7 @@ def test_a_rename_during_a_database_snapshots_copy_keeps_current_equal_to_the_so
             db.a.rename("c")
             db.x.rename("a")
 
-    drain(stream, raw_client, sqlite_store, lake, after_chunk=rename_once)
+    drain(stream, raw_client, sqlite_store, lake, seams=DrainSeams(after_chunk=rename_once))
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     first, second = sqlite_store.snapshots(stream.name)
     assert (first.status, second.status) == ("superseded", "done")
@@ -456,7 +457,7 @@ def test_ids_and_fields_with_dates_outside_pythons_range_are_copied_and_resumed(
     # In _id order numbers come before dates: the first chunk is 1 and -2**62 ms, so the
     # position stored after it is a date Python cannot hold.
     with pytest.raises(_Crash):
-        drain(stream, raw_client, sqlite_store, lake, after_chunk=_crash_after(1))
+        drain(stream, raw_client, sqlite_store, lake, seams=DrainSeams(after_chunk=_crash_after(1)))
     (crashed,) = sqlite_store.snapshots(stream.name)
     assert crashed.documents == 2
     assert bsonjs.loads(crashed.last_key) == bson.encode({"_id": _FAR_DATES[0]})

@@ -119,13 +119,13 @@ def test_rerun_and_redelivery_change_nothing(
     before = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
 
     again = transform(spark, sqlite_store, lake, stream)
-    assert (again.version, again.batches, again.changes_added) == (None, 0, 0)
+    assert (again.run, again.batches, again.changes_added) == (None, 0, 0)
 
     original = sqlite_store.batches(stream.name)[-1]
     _redeliver(sqlite_store, lake, stream.name, original)
     replayed = transform(spark, sqlite_store, lake, stream)
     assert replayed.batches == 1 and replayed.changes_added == 0
-    assert replayed.duplicates_skipped == original.event_count and replayed.version is None
+    assert replayed.duplicates_skipped == original.event_count and replayed.run is None
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 100
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == before
 
@@ -222,7 +222,7 @@ def test_previous_version_is_the_state_before_the_last_run(
         coll.insert_one({"_id": run, "run": run})
         coll.delete_many({"_id": run - 2})
         drain(stream, raw_client, sqlite_store, lake)
-        assert transform(spark, sqlite_store, lake, stream).version == run
+        assert transform(spark, sqlite_store, lake, stream).run == run
         snapshots[run] = source_state(raw_client, db_name, "orders")
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name, 2)) == snapshots[2]
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == snapshots[3]

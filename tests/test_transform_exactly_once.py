@@ -347,7 +347,7 @@ def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_b
         read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
     compacted = compact(spark, sqlite_store, lake, stream)  # rewrites every file: OPTIMIZE
     # The first run is the base the merges are counted from: runs 2 and 3 are its debt.
-    assert (compacted.version, compacted.deltas) == (4, 2)
+    assert (compacted.run, compacted.deltas) == (4, 2)
     states[4] = states[3]
 
     # The default --min-age: a reader that resolved a version just before has that long.
@@ -421,7 +421,7 @@ def test_turning_the_current_table_on_asks_for_a_resnapshot_which_rebuilds_it(
     coll.update_many({"_id": {"$lt": 4}}, {"$set": {"v": -1}})
     coll.delete_one({"_id": 7})
     drain(log_only, raw_client, sqlite_store, lake)
-    assert transform(spark, sqlite_store, lake, log_only).version is None
+    assert transform(spark, sqlite_store, lake, log_only).run is None
 
     stream = make_stream(current_table=True)
     coll.insert_one({"_id": 30, "v": 30})

@@ -35,7 +35,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from jobs.bson_buffer import RawDocuments
 from jobs.capture._fragments import server_splits, whole_events
-from jobs.capture.reader import ChangeStreamReader
+from jobs.capture.reader import ChangeStreamReader, WatchSpec
 from jobs.capture.server_errors import FATAL, translate
 from jobs.capture.writer import RawBatchWriter
 from state import BatchRecord, BatchSource, FileEntry
@@ -95,13 +95,17 @@ class Capture:
 
 @dataclass(frozen=True)
 class PassBounds:
-    """Where a pass ends: its end (a horizon or a window's end), and its budget."""
+    """Where a pass ends: its end (a horizon or a window's end), its budget, and whether an
+    invalidate ends it."""
 
     is_past_end: Callable[[Timestamp], bool]
     budget: Budget
     # A replay's window is complete only once the stream's tokens pass its end; a drain may
     # stop at the first empty getMore (the next run goes on from there).
     until_end: bool = False
+    # Go on past an invalidate with startAfter: a replay of a stream set to `on_invalidate:
+    # continue` covers the re-created collection, as the drain would.
+    follow_invalidate: bool = False
 
 
 def open_reader(
@@ -117,8 +121,7 @@ def open_reader(
         options["fullDocumentBeforeChange"] = stream.full_document_before_change
     if stream.show_expanded_events:
         options["showExpandedEvents"] = True
-    return ChangeStreamReader(
-        client,
+    spec = WatchSpec(
         stream.database,
         stream.collection,
         options,
@@ -127,9 +130,10 @@ def open_reader(
         capture_pipeline(stream.mongo_pipeline(), stream.current_table),
         batch_size=stream.batch_size,
         max_await_time_ms=stream.max_await_time_ms,
-        is_past_end=bounds.is_past_end,
-        until_end=bounds.until_end,
         split_large_events=stream.split_large_events and server_splits(client),
+    )
+    return ChangeStreamReader(
+        client, spec, is_past_end=bounds.is_past_end, until_end=bounds.until_end
     )
 
 
@@ -276,14 +280,10 @@ def capture_pass(
     keep_alive: Callable[[], None],
     *,
     position_time: Timestamp | None,
-    follow_invalidate: bool = False,
     counted: Callable[[int], None] | None = None,
 ) -> Capture:
-    """Open the stream at `start` and capture into `writer` (closed on return or error).
-
-    `follow_invalidate` goes on past an invalidate with startAfter (a replay of a stream set
-    to `on_invalidate: continue` covers the re-created collection, as the drain would);
-    `counted` is told the events consumed so far after each reply (progress).
+    """Open the stream at `start` and capture into `writer` (closed on return or error) until
+    `bounds` end it; `counted` is told the events consumed so far after each reply (progress).
     """
     got = Capture()
     read_through = None
@@ -298,7 +298,7 @@ def capture_pass(
                     raise
                 start, read_through = by_time
                 continue
-            if not (follow_invalidate and got.stop == "invalidate"):
+            if not (bounds.follow_invalidate and got.stop == "invalidate"):
                 break
             start, read_through = {"startAfter": got.token}, None
     except OperationFailure as exc:

@@ -49,6 +49,16 @@ from tidemark.tokens import SourceIdentity
 
 
 @dataclass(frozen=True)
+class DrainSeams:
+    """Where tests and tools reach into a drain: a call before its SQL commit (given the files
+    written), one after each snapshot chunk, and the rows per Parquet flush."""
+
+    before_commit: Callable[[list[FileEntry]], None] | None = None
+    after_chunk: Callable[[SnapshotRecord], None] | None = None
+    flush_rows: int = FLUSH_ROWS
+
+
+@dataclass(frozen=True)
 class DrainRun:
     """What every step of one drain works with: the stream and where it is read from and
     written to, the lease it runs under, and the caller's seams."""
@@ -61,9 +71,7 @@ class DrainRun:
     source: SourceIdentity  # the deployment this run reaches
     started_at: datetime
     clock: float  # time.monotonic() at the start
-    before_commit: Callable[[list[FileEntry]], None] | None = None
-    flush_rows: int = FLUSH_ROWS
-    after_chunk: Callable[[SnapshotRecord], None] | None = None
+    seams: DrainSeams = DrainSeams()
     progress: ProgressCallback | None = None
 
     def keep_alive(self) -> None:
@@ -88,7 +96,7 @@ class DrainRun:
             self.lake_root,
             self.lease,
             snapshot,
-            self.after_chunk,
+            self.seams.after_chunk,
             self.progress,
         )
 
@@ -99,19 +107,17 @@ def drain(
     store: StateStore,
     lake_root: LakePath,
     *,
-    before_commit: Callable[[list[FileEntry]], None] | None = None,
-    flush_rows: int = FLUSH_ROWS,
     resnapshot: bool = False,
-    after_chunk: Callable[[SnapshotRecord], None] | None = None,
     progress: ProgressCallback | None = None,
+    seams: DrainSeams = DrainSeams(),
 ) -> DrainResult:
     """Drain `stream` once and commit; see the module docstring.
 
     A stream that starts with a snapshot (or is asked to re-snapshot, or has
     `on_history_lost: resnapshot` and lost its position) copies its collections first, chunk
     by chunk, and drains the change stream from the snapshot's time once the copy is done.
-    `before_commit` and `after_chunk` are test seams; `progress` hears of documents copied
-    and events read so far (`jobs.progress`).
+    `progress` hears of documents copied and events read so far (`jobs.progress`); `seams`
+    are where tests reach in (`DrainSeams`).
     """
     started_at = datetime.now(UTC)
     clock = time.monotonic()
@@ -127,9 +133,7 @@ def drain(
         source,
         started_at,
         clock,
-        before_commit=before_commit,
-        flush_rows=flush_rows,
-        after_chunk=after_chunk,
+        seams=seams,
         progress=progress,
     )
     try:
@@ -263,7 +267,7 @@ def _incremental(run: DrainRun, snapshot: SnapshotRecord | None) -> DrainResult:
 
     bounds = PassBounds(past_horizon, stream.budget)
     batch_id = new_batch_id()
-    writer = RawBatchWriter(run.lake_root, stream.name, batch_id, flush_rows=run.flush_rows)
+    writer = RawBatchWriter(run.lake_root, stream.name, batch_id, flush_rows=run.seams.flush_rows)
     at = position_time(checkpoint, options)
     meter = Meter(run.progress, stream.name, "drain", "events", phase="events")
 
@@ -287,8 +291,8 @@ def _incremental(run: DrainRun, snapshot: SnapshotRecord | None) -> DrainResult:
         checkpoint = as_invalidate(checkpoint)
         check_invalidate(checkpoint, stream)
         got = one_pass(start_options(checkpoint, stream))
-    if run.before_commit is not None:
-        run.before_commit(writer.files)
+    if run.seams.before_commit is not None:
+        run.seams.before_commit(writer.files)
     move = after_pass(checkpoint, got, stream, run.source)
     batch = batch_record(
         batch_id, stream.name, "incremental", got, writer.files, token_after=got.resume_token

@@ -87,6 +87,22 @@ class _End:
     """Sent when the server closed the cursor (after an invalidate)."""
 
 
+@dataclass(frozen=True)
+class WatchSpec:
+    """What a reader watches and how it asks the server: the namespace (`database` None: the
+    cluster; `collection` None: the whole database), the change stream's options (where it
+    starts, which documents it asks for), the pipeline, and each reply's size and wait."""
+
+    database: str | None
+    collection: str | None
+    options: dict[str, Any]
+    pipeline: list[dict[str, Any]]
+    batch_size: int  # the server's batchSize: events per reply at most
+    max_await_time_ms: int
+    # Events over 16 MB come as fragments ($changeStreamSplitLargeEvent, the pipeline's last).
+    split_large_events: bool = False
+
+
 class ChangeStreamReader:
     """Open with `with`; iterate `replies()`; every reply's events in server order.
 
@@ -100,28 +116,25 @@ class ChangeStreamReader:
     def __init__(
         self,
         client: MongoClient,
-        database: str | None,
-        collection: str | None,
-        change_stream_options: dict[str, Any],
-        pipeline: list[dict[str, Any]],
-        batch_size: int,
-        max_await_time_ms: int,
+        spec: WatchSpec,
+        *,
         prefetch: int = 2,
         is_past_end: Callable[[Timestamp], bool] | None = None,
         until_end: bool = False,
-        split_large_events: bool = False,
     ) -> None:
         self.client = client
+        database, collection = spec.database, spec.collection
         self.database = database or "admin"
         self.collection = collection
-        self.options = dict(change_stream_options)
+        self.options = dict(spec.options)
         if database is None:
             self.options["allChangesForCluster"] = True
         # Events over 16 MB come as fragments (`jobs.capture._fragments` joins them): the
         # stage must be the pipeline's last.
-        self.pipeline = [*pipeline, SPLIT_STAGE] if split_large_events else pipeline
-        self.batch_size = batch_size  # the server's batchSize: events per reply at most
-        self.max_await_time_ms = max_await_time_ms
+        pipeline = spec.pipeline
+        self.pipeline = [*pipeline, SPLIT_STAGE] if spec.split_large_events else pipeline
+        self.batch_size = spec.batch_size
+        self.max_await_time_ms = spec.max_await_time_ms
         self.is_past_end = is_past_end
         # A replay reads until the stream's tokens pass its end: an empty getMore only says
         # that nothing was majority-committed yet, not that the window is complete.

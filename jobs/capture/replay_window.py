@@ -79,7 +79,8 @@ def replay(
             return ts >= end_ts
 
         unbounded = Budget(max_events=None, max_bytes=None, max_seconds=None)
-        bounds = PassBounds(past_window, unbounded, until_end=True)
+        follow = stream.on_invalidate == "continue"
+        bounds = PassBounds(past_window, unbounded, until_end=True, follow_invalidate=follow)
         batch_id = new_batch_id()
         writer = RawBatchWriter(lake_root, stream.name, batch_id)
         try:
@@ -91,7 +92,6 @@ def replay(
                 bounds,
                 lambda: store.renew_lease(lease, CAPTURE_LEASE_TTL),
                 position_time=start_ts,
-                follow_invalidate=stream.on_invalidate == "continue",
             )
         except HistoryLost:
             # The oplog rolled past the window's start between the check and the read: the

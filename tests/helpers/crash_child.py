@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from jobs.capture.drain_run import DrainSeams
 from resources.mongo import connect
 from state import StateStore
 from tidemark.config import StreamConfig
@@ -100,7 +101,7 @@ def main() -> None:
 
         client = connect(uri, raw=True)
         report("begun")
-        drain(stream, client, store, Path(lake), flush_rows=150)
+        drain(stream, client, store, Path(lake), seams=DrainSeams(flush_rows=150))
     else:
         from jobs.transform import compact, transform
         from resources.spark import SparkConfig, spark_session

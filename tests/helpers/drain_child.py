@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from jobs.capture import drain
+from jobs.capture.drain_run import DrainSeams
 from resources.embedded_mongo import Mongod
 from resources.mongo import connect
 from state import StateStore
@@ -74,8 +75,7 @@ def main() -> None:
         connect(uri, raw=True),
         StateStore(state_url),
         Path(lake),
-        before_commit=pause,
-        flush_rows=50,
+        seams=DrainSeams(before_commit=pause, flush_rows=50),
     )
     print(json.dumps({"events": result.events, "batch": result.batch_id}))
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from jobs.capture import drain
+from jobs.capture.drain_run import DrainSeams
 from resources.mongo import connect
 from state import StateStore
 from tidemark.config import StreamConfig
@@ -26,7 +27,13 @@ def main() -> None:
                 time.sleep(1)
 
     stream = StreamConfig.model_validate_json(stream_json)
-    drain(stream, connect(uri, raw=True), StateStore(state_url), Path(lake), after_chunk=pause)
+    drain(
+        stream,
+        connect(uri, raw=True),
+        StateStore(state_url),
+        Path(lake),
+        seams=DrainSeams(after_chunk=pause),
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from datetime import datetime
 
 from jobs.capture import drain
+from jobs.capture.drain_run import DrainSeams
 from state import StateStore
 from tests.helpers.torture.config import ROOT
 from tidemark.config import StreamConfig
@@ -52,7 +53,15 @@ def child_main(argv: list[str]) -> None:
         start, end = (datetime.fromisoformat(v) for v in argv[5:7])
         replay(stream, client, store, lake_path(lake), start, end)
         return
-    drain(stream, client, store, lake_path(lake), flush_rows=100, resnapshot=kind == "resnapshot")
+    resnapshot = kind == "resnapshot"
+    drain(
+        stream,
+        client,
+        store,
+        lake_path(lake),
+        resnapshot=resnapshot,
+        seams=DrainSeams(flush_rows=100),
+    )
 
 
 def run_child(args: list[str], kill_after: float | None, env: dict[str, str]) -> tuple[str, str]:
