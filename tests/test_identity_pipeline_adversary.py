@@ -46,6 +46,9 @@ def _stop_after_first_chunk(_snapshot: Any) -> None:
     raise _Stop
 
 
+STOP_AFTER_FIRST_CHUNK = DrainSeams(after_chunk=_stop_after_first_chunk)
+
+
 def _committed_docs(store: StateStore, lake, stream: str) -> list[tuple[str, Any, Any]]:
     rows = committed_table(store, lake, stream).to_pylist()
     out = []
@@ -74,13 +77,7 @@ def test_a_half_done_snapshot_is_not_continued_on_the_other_set(
         b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(6, 12)])
     stream = make_stream(start="snapshot", snapshot_chunk_size=2)
     with pytest.raises(_Stop):
-        drain(
-            stream,
-            raw_client,
-            sqlite_store,
-            lake,
-            seams=DrainSeams(after_chunk=_stop_after_first_chunk),
-        )
+        drain(stream, raw_client, sqlite_store, lake, seams=STOP_AFTER_FIRST_CHUNK)
     before = _state(sqlite_store, stream.name)
     with pytest.raises(SourceChanged):
         drain(stream, raw_client_b, sqlite_store, lake)
@@ -114,7 +111,7 @@ def test_a_half_done_resnapshot_on_the_other_set_is_not_resumed_back_on_the_firs
             sqlite_store,
             lake,
             resnapshot=True,
-            seams=DrainSeams(after_chunk=_stop_after_first_chunk),
+            seams=STOP_AFTER_FIRST_CHUNK,
         )
     before = _state(sqlite_store, stream.name)
     with pytest.raises(SourceChanged):
@@ -464,13 +461,7 @@ def test_a_reset_onto_the_other_set_does_not_continue_the_first_sets_copy(
         b[db_name]["orders"].insert_many([{"_id": k, "on": "B"} for k in range(6)])
     stream = make_stream(start="snapshot", snapshot_chunk_size=2)
     with pytest.raises(_Stop):
-        drain(
-            stream,
-            raw_client,
-            sqlite_store,
-            lake,
-            seams=DrainSeams(after_chunk=_stop_after_first_chunk),
-        )
+        drain(stream, raw_client, sqlite_store, lake, seams=STOP_AFTER_FIRST_CHUNK)
     reset_stream(stream, raw_client_b, sqlite_store, to_time=None, actor="test")
     drain_until_caught_up(stream, raw_client_b, sqlite_store, lake)
     docs = _committed_docs(sqlite_store, lake, stream.name)

@@ -53,15 +53,8 @@ def child_main(argv: list[str]) -> None:
         start, end = (datetime.fromisoformat(v) for v in argv[5:7])
         replay(stream, client, store, lake_path(lake), start, end)
         return
-    resnapshot = kind == "resnapshot"
-    drain(
-        stream,
-        client,
-        store,
-        lake_path(lake),
-        resnapshot=resnapshot,
-        seams=DrainSeams(flush_rows=100),
-    )
+    seams = DrainSeams(flush_rows=100)
+    drain(stream, client, store, lake_path(lake), resnapshot=kind == "resnapshot", seams=seams)
 
 
 def run_child(args: list[str], kill_after: float | None, env: dict[str, str]) -> tuple[str, str]:
