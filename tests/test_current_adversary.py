@@ -79,6 +79,14 @@ def test_an_empty_sub_document_reads_the_same_from_the_first_and_a_later_run(
     assert three[0]["a"] == 1 and three[1] is None, rows
 
 
+def _fold_late(spark, raw_client, store, lake, stream, db_name, since, count):
+    """Replay the first `count` events after `since` (before the stream's start) as a late
+    batch, and fold it."""
+    late = capture_events(raw_client, db_name, None, since, count)
+    commit_raw_batch(store, lake, stream.name, late, "replay")
+    return transform(spark, store, lake, stream)
+
+
 def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
@@ -93,9 +101,8 @@ def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
 
-    late = capture_events(raw_client, db_name, None, before_start, 2)  # insert into a, rename
-    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
-    result = transform(spark, sqlite_store, lake, stream)
+    # Late: the insert into a and the rename.
+    result = _fold_late(spark, raw_client, sqlite_store, lake, stream, db_name, before_start, 2)
     assert (result.run, result.kind) == (2, "merge")
     rows = exact_documents(spark, sqlite_store, lake, stream.name)
     got = current_state(rows)  # fails on a key held twice
@@ -129,9 +136,8 @@ def test_a_replayed_rename_into_a_collection_renamed_away_since_follows_it(
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
 
-    late = capture_events(raw_client, db_name, None, before_start, 2)  # insert into a, rename
-    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
-    transform(spark, sqlite_store, lake, stream)
+    # Late: the insert into a and the rename.
+    _fold_late(spark, raw_client, sqlite_store, lake, stream, db_name, before_start, 2)
     rows = exact_documents(spark, sqlite_store, lake, stream.name)
     assert {r._tm_coll for r in rows.collect()} == {"e"}  # b and a no longer exist
     assert current_state(rows) == source_state(raw_client, db_name, "e")
@@ -158,9 +164,8 @@ def test_a_replayed_insert_into_a_collection_renamed_away_since_follows_it(
     drain_until_caught_up(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
 
-    late = capture_events(raw_client, db_name, None, before_start, 1)  # the insert into b
-    commit_raw_batch(sqlite_store, lake, stream.name, late, "replay")
-    transform(spark, sqlite_store, lake, stream)
+    # Late: the insert into b.
+    _fold_late(spark, raw_client, sqlite_store, lake, stream, db_name, before_start, 1)
     rows = exact_documents(spark, sqlite_store, lake, stream.name)
     assert {r._tm_coll for r in rows.collect()} == {"e"}
     assert current_state(rows) == source_state(raw_client, db_name, "e")

@@ -123,16 +123,15 @@ class ChangeStreamReader:
         until_end: bool = False,
     ) -> None:
         self.client = client
-        database, collection = spec.database, spec.collection
-        self.database = database or "admin"
-        self.collection = collection
+        self.database = spec.database or "admin"
+        self.collection = spec.collection
         self.options = dict(spec.options)
-        if database is None:
+        if spec.database is None:
             self.options["allChangesForCluster"] = True
         # Events over 16 MB come as fragments (`jobs.capture._fragments` joins them): the
         # stage must be the pipeline's last.
-        pipeline = spec.pipeline
-        self.pipeline = [*pipeline, SPLIT_STAGE] if spec.split_large_events else pipeline
+        split = spec.split_large_events
+        self.pipeline = [*spec.pipeline, SPLIT_STAGE] if split else spec.pipeline
         self.batch_size = spec.batch_size
         self.max_await_time_ms = spec.max_await_time_ms
         self.is_past_end = is_past_end
@@ -141,7 +140,7 @@ class ChangeStreamReader:
         self.until_end = until_end
         self.cursor_id = 0
         self.resumes = 0
-        self._namespace_coll = collection or "$cmd.aggregate"
+        self._namespace_coll = spec.collection or "$cmd.aggregate"
         self._resume_state = ResumeState.opened(self.options)
         self._at_end = False  # the last token reached the caller's end, but not past it
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch)
