@@ -90,12 +90,12 @@ def streams_file(path: Path, streams: int) -> None:
 
 def seed(state_url: str, streams: int, collections: int) -> None:
     """One committed transform run per stream, recording two tables per collection."""
-    from state import CuratedTable, CurrentVersion, StateStore, TransformState
+    from state import CuratedTable, StateStore, TransformRun
     from state.leases import TRANSFORM_LEASE_TTL
     from tidemark.config import StreamConfig
 
     store = StateStore(state_url)
-    tstate = TransformState(store)
+    tstate = store.transforms
     try:
         for n in range(1, streams + 1):
             stream = StreamConfig(name=f"s{n}", database=f"catalog_db{n}")
@@ -127,9 +127,9 @@ def seed(state_url: str, streams: int, collections: int) -> None:
                             doc_schema=schema if kind == "current" else "",
                         )
                     )
-            run = CurrentVersion(
+            run = TransformRun(
                 stream=stream.name,
-                version=1,
+                run=1,
                 path=f"curated/{stream.name}",
                 rows=sum(t.rows for t in tables if t.kind == "current"),
                 doc_schema="",
@@ -137,7 +137,7 @@ def seed(state_url: str, streams: int, collections: int) -> None:
                 changes_added=0,
                 created_at=datetime.now(UTC),
                 kind="merge",
-                base_version=1,
+                base_run=1,
             )
             lease = store.acquire_lease(stream.name, "transform", TRANSFORM_LEASE_TTL)
             try:

@@ -32,7 +32,6 @@ from pymongo import UpdateOne
 from benchmarks.drain import document
 from benchmarks.sitting import Home, sitting
 from jobs.capture import drain_until_caught_up
-from state import TransformState
 from tidemark.config import load_config
 
 # Two streams over one database; the name says when its tables get deletion vectors.
@@ -55,7 +54,7 @@ def _recompute(spark: Any, home: Home, stream: str, target: Path) -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    tables = TransformState(home.store).tables(stream)
+    tables = home.store.transforms.tables(stream)
     paths = [str(home.lake / t.path) for t in tables if t.kind == "changes" and t.coll]
     events = spark.read.format("delta").load(paths[0])
     for path in paths[1:]:

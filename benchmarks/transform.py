@@ -36,7 +36,7 @@ from pymongo import MongoClient, UpdateOne
 from benchmarks.drain import document
 from benchmarks.sitting import Home, sitting
 from jobs.capture import drain_until_caught_up
-from state import StateStore, TransformState
+from state import StateStore
 from tidemark.config import StreamConfig
 
 STREAMS = """streams:
@@ -80,7 +80,7 @@ def _recompute(spark: Any, home: Home, store: StateStore, target: Path) -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    tables = TransformState(home.store).tables("bench")
+    tables = home.store.transforms.tables("bench")
     changes = [t for t in tables if t.kind == "changes"]
     current = next(t for t in tables if t.kind == "current")
     fields = json.loads(current.doc_schema)
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> str:
                         step.seconds = seconds
                         step.jobs = here.jobs() - jobs
                         step.bytes_written = home.curated_bytes() - written
-                latest = TransformState(home.store).latest("bench")
+                latest = home.store.transforms.latest("bench")
                 step.rows = latest.rows if latest else None
                 steps.append(step)
 
@@ -196,9 +196,7 @@ def run(args: argparse.Namespace) -> str:
             anchor.bytes_written = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
             steps.append(anchor)
 
-            current = next(
-                t for t in TransformState(home.store).tables("bench") if t.kind == "current"
-            )
+            current = next(t for t in home.store.transforms.tables("bench") if t.kind == "current")
             current_path = home.lake / current.path
             size, files = _table_bytes(spark, current_path)
             typed_path = Path(work) / "typed-only"

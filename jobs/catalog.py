@@ -20,7 +20,7 @@ from jobs.curated_zone import (
     Column,
     curated,
 )
-from state import CuratedTable, StateStore, TransformState
+from state import CuratedTable, StateStore
 from tidemark.object_path import LakePath
 
 TableName = Literal["current", "changes"]
@@ -52,8 +52,8 @@ class TableState:
 
 def tables(store: StateStore, lake_root: LakePath, stream: str, **_: Any) -> list[TableState]:
     """Every collection table of the stream: its `changes`, then its `current`."""
-    tstate = TransformState(store)
-    when = {r.version: r.created_at for r in tstate.runs(stream)}
+    tstate = store.transforms
+    when = {r.run: r.created_at for r in tstate.runs(stream)}
     found = tstate.tables(stream)
     order = sorted(found, key=lambda t: (t.kind != "changes", t.db, t.coll))
     return [_state(lake_root, t, when[t.run]) for t in order if t.run in when]
@@ -150,7 +150,7 @@ class SchemaDrift:
 def schema_drift(store: StateStore, stream: str) -> list[SchemaDrift]:
     """Each `current` table's columns as its newest run left them against the run before that
     (a table's first run adds its columns, which is not drift)."""
-    tstate = TransformState(store)
+    tstate = store.transforms
     newest = [t for t in tstate.tables(stream) if t.kind == "current"]
     before: dict[int, dict[tuple[str, str], CuratedTable]] = {}
     drifts = []
@@ -186,15 +186,15 @@ class FoldLag:
 def fold_lag(store: StateStore, stream: str) -> FoldLag:
     """The batches the next transform run would fold (a snapshot's chunks count once it is
     whole), and when the oldest of them was committed."""
-    waiting = TransformState(store).untransformed_batches(stream)
+    waiting = store.transforms.untransformed_batches(stream)
     times = [b.committed_at for b in waiting if b.committed_at is not None]
     return FoldLag(len(waiting), min(times) if times else None)
 
 
-def table_names(store: StateStore, stream: str) -> list[tuple[str, str, TableName]]:
+def tables_made(store: StateStore, stream: str) -> list[tuple[str, str, TableName]]:
     """(db, collection, kind) of every table the stream's runs have made (a database's own
     events under the collection name `$database`)."""
-    found = TransformState(store).tables(stream)
+    found = store.transforms.tables(stream)
     return [
         (t.db, t.coll or DATABASE_EVENTS, "current" if t.kind == "current" else "changes")
         for t in found

@@ -1,5 +1,5 @@
 """Asset checks of a stream's raw zone: lag, oplog headroom, uncommitted files, the watched
-namespace (the collection tables' checks are in `orchestration.collection_checks`)."""
+namespace (the collection tables' checks are in `orchestration.table_assets`)."""
 
 import dagster as dg
 

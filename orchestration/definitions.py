@@ -22,17 +22,16 @@ import dagster as dg
 
 from orchestration.assets import replay_partitions, stream_assets
 from orchestration.checks import stream_checks
-from orchestration.collection_checks import collections_listed_check
 from orchestration.compaction import compaction_job, compaction_sensor
 from orchestration.config_errors import WHOLE_FILE, config_error_definitions
 from orchestration.discovery import known_tables, oplog_reach
-from orchestration.keys import TableName
 from orchestration.maintenance import gc_job, gc_schedule
 from orchestration.notifications import notification_sensors
 from orchestration.replay_reach import replay_reach_check
 from orchestration.resources import env_resources
 from orchestration.schedules import drain_schedule, stream_jobs
-from orchestration.transform_assets import stream_tables, transform_asset
+from orchestration.table_assets import TableName, TableTranslator
+from orchestration.transform_assets import collections_listed_check, transform_asset
 from tidemark.config import BrokenStream, StreamConfig, StreamsFile, TidemarkConfig, load_streams
 from tidemark.errors import ConfigError, StreamNotLoaded
 from tidemark.settings import Settings
@@ -85,7 +84,7 @@ def _stream_parts(
         assets=[*stream_assets(stream, oplog_first), transform_asset(stream, tables)],
         checks=[
             *stream_checks(stream),
-            collections_listed_check(stream, stream_tables(stream, tables)),
+            collections_listed_check(stream, TableTranslator(stream).tables(tables)),
             replay_reach_check(stream, partitions),
         ],
         jobs=[*stream_jobs(stream)] + ([compaction_job(stream)] if stream.current_table else []),

@@ -14,8 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
-from jobs.catalog import table_names
-from orchestration.keys import TableName
+from jobs.catalog import tables_made
+from orchestration.table_assets import TableName
 from state import StateStore
 from tidemark.config import StreamConfig
 from tidemark.errors import TidemarkError
@@ -52,5 +52,5 @@ def oplog_reach(state_url: str) -> dict[str, datetime]:
 def known_tables(state_url: str, streams: Sequence[StreamConfig]) -> dict[str, list[TableName]]:
     """Stream -> (db, collection, kind) of each table its transform runs made."""
     return _read_store(
-        state_url, lambda store: {s.name: table_names(store, s.name) for s in streams}, {}
+        state_url, lambda store: {s.name: tables_made(store, s.name) for s in streams}, {}
     )

@@ -10,9 +10,9 @@ import dagster as dg
 
 from orchestration.definitions import build_definitions
 from orchestration.discovery import known_tables, oplog_reach
-from orchestration.keys import TableName, table_of
 from orchestration.resources import build_resources
 from orchestration.schedules import sync_job_name
+from orchestration.table_assets import TableName, table_of
 from tidemark.config import StreamConfig, TidemarkConfig
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}

@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 
 from jobs.capture import DrainResult
-from jobs.catalog import SchemaDrift, TableState
+from jobs.catalog import TableState
 from jobs.ops import StreamStatus
 from jobs.transform import CompactionResult, DeltaDebt, TransformResult
 from tidemark.errors import TidemarkError
@@ -38,26 +38,6 @@ def _timestamp(value: Any) -> dg.MetadataValue | None:
 def _seconds(value: float) -> float:
     """A duration as the UI should show it: to a tenth of a second."""
     return round(float(value), 1)
-
-
-def table_metadata(table: TableState) -> dict[str, Any]:
-    """Dagster's table conventions, so the Catalog shows the columns, rows and location."""
-    schema = dg.TableSchema(
-        columns=[
-            dg.TableColumn(name=c.name, type=c.type, description=c.description or None)
-            for c in table.columns
-        ]
-    )
-    metadata: dict[str, Any] = {
-        "dagster/column_schema": schema,
-        "dagster/row_count": table.rows,
-        "dagster/uri": table.location.as_uri(),
-        "format": "delta",
-        "committed_at": dg.MetadataValue.timestamp(table.committed_at),
-    }
-    if table.delta_version is not None:  # a stream's summary spans several tables
-        metadata["delta_version"] = table.delta_version
-    return metadata
 
 
 def drain_metadata(
@@ -98,31 +78,6 @@ def drain_metadata(
     if location is not None:
         metadata["dagster/uri"] = location.as_uri()
     return metadata
-
-
-def collection_metadata(table: TableState, drift: SchemaDrift | None = None) -> dict[str, Any]:
-    """A collection table's materialization: the table as it is now, the Spark SQL name that
-    reads it, the Tidemark run that made this Delta version, and (for `current`) the columns that
-    run added or changed."""
-    metadata = {
-        **table_metadata(table),
-        "dagster/table_name": f"delta.`{table.location}`",
-        "tidemark_run": table.run if table.run is not None else 0,
-    }
-    if table.table == "current":
-        metadata["fields_added"] = len(drift.added) if drift else 0
-        metadata["fields_changed"] = len(drift.changed) if drift else 0
-        if drift is not None and drift.drifted:
-            metadata["schema_changes"] = schema_changes_md(drift)
-    return metadata
-
-
-def schema_changes_md(drift: SchemaDrift) -> dg.MetadataValue:
-    return dg.MetadataValue.md(
-        "\n".join(
-            [*(f"- added `{f}`" for f in drift.added), *(f"- changed `{c}`" for c in drift.changed)]
-        )
-    )
 
 
 def curated_metadata(

@@ -1,20 +1,20 @@
 """The SQL state store: streams and checkpoints, leases with fencing, the batch manifest,
-snapshots, and the transform's runs. Callers hold a `StateStore` (and the transform a
-`TransformState` over it) and exchange the records defined in `state.records`."""
+snapshots, and the transform's runs. Callers hold a `StateStore` (the transform reaches its
+part as `store.transforms`) and exchange the records defined in `state.records`."""
 
 from state.records import (
     BatchRecord,
     BatchSource,
     Checkpoint,
     CuratedTable,
-    CurrentVersion,
     FileEntry,
     Lease,
     LeaseKind,
     NewPosition,
+    RunKind,
     SnapshotRecord,
     SnapshotStatus,
-    VersionKind,
+    TransformRun,
     new_batch_id,
 )
 from state.store import StateStore
@@ -25,15 +25,15 @@ __all__ = [
     "BatchSource",
     "Checkpoint",
     "CuratedTable",
-    "CurrentVersion",
     "FileEntry",
     "Lease",
     "LeaseKind",
     "NewPosition",
+    "RunKind",
     "SnapshotRecord",
     "SnapshotStatus",
     "StateStore",
+    "TransformRun",
     "TransformState",
-    "VersionKind",
     "new_batch_id",
 ]

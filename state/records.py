@@ -27,7 +27,7 @@ SnapshotStatus = Literal["running", "done", "superseded"]  # superseded: restart
 
 # What a transform run wrote for `current`: a base (every row, from a full fold), a delta (the
 # rows of the keys it touched, read merged over its base), or a compaction's new base.
-VersionKind = Literal["base", "delta", "compaction", "merge"]  # merge: Delta tables
+RunKind = Literal["base", "delta", "compaction", "merge"]  # what a run wrote; merge: Delta
 
 # The work a lease guards; a stream has one lease of each kind. "capture": a drain, its
 # snapshots and `tidemark reset` (every checkpoint move); "replay": a replay of a past window;
@@ -154,19 +154,19 @@ class SnapshotRecord:
 
 
 @dataclass(frozen=True)
-class CurrentVersion:
-    """One committed transform run, and the version of `current` it wrote if any."""
+class TransformRun:
+    """One committed transform run, and what it wrote of `current`, if anything."""
 
     stream: str
-    version: int
+    run: int
     path: str | None  # None: the run only extended the change log (current_table: false)
-    rows: int  # live rows of `current` at this version
+    rows: int  # live rows of `current` after this run
     doc_schema: str
     events_folded: int
     changes_added: int
     created_at: datetime
-    kind: VersionKind | None = None  # None with no path
-    base_version: int | None = None  # == version for a base
+    kind: RunKind | None = None  # None with no path
+    base_run: int | None = None  # == run for a base
     written_rows: int | None = None
     changes_path: str | None = None
     first_event_id: str | None = None
@@ -175,7 +175,7 @@ class CurrentVersion:
 
     @property
     def is_base(self) -> bool:
-        return self.path is not None and self.base_version == self.version
+        return self.path is not None and self.base_run == self.run
 
 
 TableKind = Literal["current", "changes"]

@@ -146,14 +146,16 @@ resets = Table(
     Column("new_fingerprint", String(64), nullable=False),
 )
 
-current_versions = Table(
-    "tidemark_transform_runs",  # one per committed transform run; a version of `current` if path
+transform_runs = Table(
+    # One per committed transform run. Its number is the SQL column `version` (named when runs
+    # were versions of `current`); Python calls it `run`, as it calls `base_version` `base_run`.
+    "tidemark_transform_runs",
     metadata,
     Column("stream", String(64), ForeignKey("tidemark_streams.name"), primary_key=True),
-    Column("version", Integer, primary_key=True),
+    Column("version", Integer, primary_key=True, key="run"),
     Column("path", String(1024)),  # the directory this run wrote for `current` (lake-relative)
-    Column("kind", String(16)),  # records.VersionKind; None: the run wrote no `current` files
-    Column("base_version", Integer),  # the version whose directory is this version's base
+    Column("kind", String(16)),  # records.RunKind; None: the run wrote no `current` files
+    Column("base_version", Integer, key="base_run"),  # the run whose directory is the base
     Column("written_rows", BigInteger),  # rows in `path` (tombstones and barriers included)
     Column("rows", BigInteger, nullable=False),
     Column("doc_schema", Text, nullable=False),  # Spark StructType JSON of the document columns
@@ -171,7 +173,7 @@ transformed_batches = Table(
     metadata,
     Column("batch_id", String(64), ForeignKey("tidemark_batches.id"), primary_key=True),
     Column("stream", String(64), nullable=False, index=True),
-    Column("version", Integer),  # the current-state version that folded it (None: all duplicates)
+    Column("version", Integer, key="run"),  # the run that folded it (None: all duplicates)
     Column("transformed_at", UTCDateTime, nullable=False),
 )
 

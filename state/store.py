@@ -3,8 +3,9 @@
 It holds the database engine and opens every transaction; what happens inside one lives in
 the modules named for their part: `leases` (the lease and fencing protocol, and every lease
 TTL), `checkpoints` (streams, checkpoints, resets), `manifest` (batches and their files),
-`snapshots`. The transform's part is `TransformState` (`transform_runs`), which commits
-through the same public `transaction` / `fenced_transaction` as the methods below.
+`snapshots`. The transform's part is `store.transforms` (`transform_runs.TransformState`),
+which commits through the same public `transaction` / `fenced_transaction` as the methods
+below.
 
 Every write that moves a checkpoint is one transaction that (1) checks the caller still holds
 the lease at the epoch it was granted (fencing), (2) moves the checkpoint only if its version
@@ -12,6 +13,8 @@ is the one the run started from (compare-and-set), and (3) records the batch and
 A crash anywhere before that transaction commits leaves the checkpoint where it was.
 
 Every method raises `StateStoreError` when the database fails; nothing is then committed.
+Long because it is the one object callers hold: each method is a short transaction over the
+module that owns its part.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from bson import Timestamp
 from sqlalchemy import Connection
@@ -39,6 +43,9 @@ from state.records import (
 from tidemark.config import StreamConfig
 from tidemark.tokens import SourceIdentity
 
+if TYPE_CHECKING:
+    from state.transform_runs import TransformState
+
 
 class StateStore:
     """One state database. Holds an engine, so it is a class; every method is a transaction."""
@@ -56,6 +63,13 @@ class StateStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @cached_property
+    def transforms(self) -> TransformState:
+        """The transform's runs and folded batches in this store."""
+        from state.transform_runs import TransformState  # it is built over this class
+
+        return TransformState(self)
 
     # -- transactions --------------------------------------------------------------------
 

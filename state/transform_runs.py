@@ -1,5 +1,5 @@
-"""The transform's half of the store: its committed runs, the versions of `current`, and which
-batches are folded.
+"""The transform's half of the store: its committed runs (those that wrote `current` are the
+runs a reader may travel back to), and which batches are folded.
 
 A transform run commits like a drain: one fenced transaction (the store's
 `fenced_transaction`), compare-and-set on the newest run number, so two transforms of one
@@ -15,17 +15,17 @@ from sqlalchemy import Select, delete, func, insert, select, update
 
 from state import manifest, schema
 from state.leases import TRANSFORM_LEASE_TTL
-from state.records import BatchRecord, CuratedTable, CurrentVersion, Lease, SnapshotStatus
+from state.records import BatchRecord, CuratedTable, Lease, SnapshotStatus, TransformRun
 from state.schema import utc_now
 from state.store import StateStore
 from tidemark.errors import TransformConflict
 
-_VERSION_COLUMNS = (
+_RUN_FIELDS = (
     "stream",
-    "version",
+    "run",
     "path",
     "kind",
-    "base_version",
+    "base_run",
     "written_rows",
     "rows",
     "doc_schema",
@@ -67,7 +67,7 @@ class TransformState:
 
     def change_log_runs(
         self, stream: str, first_event_id: str | None = None, last_event_id: str | None = None
-    ) -> list[CurrentVersion]:
+    ) -> list[TransformRun]:
         """Committed runs that added to the change log, oldest first; only those whose event
         ids overlap [first_event_id, last_event_id] when given.
 
@@ -79,26 +79,26 @@ class TransformState:
             query = query.where(
                 _V.c.last_event_id >= first_event_id, _V.c.first_event_id <= last_event_id
             )
-        return self._read("change log", query.order_by(_V.c.version))
+        return self._read("change log", query.order_by(_V.c.run))
 
-    def versions(self, stream: str, include_pruned: bool = False) -> list[CurrentVersion]:
-        """The versions of `current` (runs that wrote one), oldest first.
-
-        Raises:
-            StateStoreError: the database failed.
-        """
-        query = _runs(stream, with_version=True, include_pruned=include_pruned)
-        return self._read("version list", query.order_by(_V.c.version))
-
-    def runs(self, stream: str) -> list[CurrentVersion]:
-        """Every committed run, with or without a current-state version, oldest first.
+    def current_runs(self, stream: str, include_pruned: bool = False) -> list[TransformRun]:
+        """The runs that wrote `current` (those a reader may travel back to), oldest first.
 
         Raises:
             StateStoreError: the database failed.
         """
-        return self._read("run list", _runs(stream).order_by(_V.c.version))
+        query = _runs(stream, wrote_current=True, include_pruned=include_pruned)
+        return self._read("run list", query.order_by(_V.c.run))
 
-    def latest(self, stream: str) -> CurrentVersion | None:
+    def runs(self, stream: str) -> list[TransformRun]:
+        """Every committed run, whether it wrote `current` or not, oldest first.
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        return self._read("run list", _runs(stream).order_by(_V.c.run))
+
+    def latest(self, stream: str) -> TransformRun | None:
         """The newest committed run (its number is the next run's compare-and-set base).
 
         Raises:
@@ -106,14 +106,14 @@ class TransformState:
         """
         return _first(self._read("run list", _newest(_runs(stream))))
 
-    def latest_version(self, stream: str) -> CurrentVersion | None:
-        """The newest current-state version, pruned or not.
+    def latest_current_run(self, stream: str) -> TransformRun | None:
+        """The newest run that wrote `current`, pruned or not.
 
         Raises:
             StateStoreError: the database failed.
         """
-        query = _newest(_runs(stream, with_version=True, include_pruned=True))
-        return _first(self._read("version list", query))
+        query = _newest(_runs(stream, wrote_current=True, include_pruned=True))
+        return _first(self._read("run list", query))
 
     def intent(self, stream: str) -> tuple[int, list[str]] | None:
         """The run a crashed transform left under way: its number and its batches.
@@ -159,16 +159,16 @@ class TransformState:
             newest[(table.db, table.coll, table.kind)] = table
         return [newest[key] for key in sorted(newest)]
 
-    def _read(self, what: str, query: Select[Any]) -> list[CurrentVersion]:
+    def _read(self, what: str, query: Select[Any]) -> list[TransformRun]:
         with self.store.transaction(what) as conn:
-            return [CurrentVersion(**dict(row._mapping)) for row in conn.execute(query)]
+            return [TransformRun(**_by_key(row)) for row in conn.execute(query)]
 
     def commit(
         self,
         lease: Lease,
         stream: str,
         expected_latest: int | None,
-        version: CurrentVersion | None,
+        run: TransformRun | None,
         batch_ids: list[str],
         tables: list[CuratedTable] | None = None,
     ) -> None:
@@ -180,9 +180,9 @@ class TransformState:
 
         1. Fence: the transform lease is still this run's (and is extended).
         2. Compare-and-set: the newest run is still `expected_latest` (None: no run yet).
-        3. Record the run (`version`; None for a run that only marked batches) and the Delta
+        3. Record the run (`run`; None for a run that only marked batches) and the Delta
            version of each collection table it changed (`tables`).
-        4. Mark `batch_ids` as folded (by `version`, or by no version: all duplicates), and
+        4. Mark `batch_ids` as folded (by `run`, or by no run: all duplicates), and
            clear the stream's intent: the run is done.
 
         Raises:
@@ -190,19 +190,19 @@ class TransformState:
             TransformConflict: another transform of the stream committed meanwhile.
             StateStoreError: the database failed; nothing was committed.
         """
-        v = schema.current_versions
+        v = schema.transform_runs
         with self.store.fenced_transaction("transform commit", lease, TRANSFORM_LEASE_TTL) as conn:
             latest = conn.execute(
-                select(func.max(v.c.version)).where(v.c.stream == stream)
+                select(func.max(v.c.run)).where(v.c.stream == stream)
             ).scalar_one_or_none()
             if latest != expected_latest:
                 raise TransformConflict(
-                    f"Another transform of stream {stream!r} committed version {latest} while this "
-                    f"one worked from version {expected_latest}; nothing was committed.",
-                    "Run the transform again: it starts from the newest version.",
+                    f"Another transform of stream {stream!r} committed run {latest} while this "
+                    f"one worked from run {expected_latest}; nothing was committed.",
+                    "Run the transform again: it starts from the newest run.",
                 )
-            if version is not None:
-                conn.execute(insert(v).values(**{k: getattr(version, k) for k in _VERSION_COLUMNS}))
+            if run is not None:
+                conn.execute(insert(v).values(**{k: getattr(run, k) for k in _RUN_FIELDS}))
             if tables:
                 conn.execute(insert(schema.curated_tables), [vars(t) for t in tables])
             i = schema.transform_intents
@@ -215,47 +215,50 @@ class TransformState:
                         {
                             "batch_id": b,
                             "stream": stream,
-                            "version": version.version if version else None,
+                            "run": run.run if run else None,
                             "transformed_at": now,
                         }
                         for b in batch_ids
                     ],
                 )
 
-    def mark_pruned(self, stream: str, version: int) -> None:
-        """Take version `version` of `current` out of the list readers resolve (`versions`); a
-        later run deletes its files.
+    def mark_pruned(self, stream: str, run: int) -> None:
+        """Take run `run` out of the list readers may travel back to (`current_runs`); a later
+        run deletes its files.
 
         Raises:
             StateStoreError: the database failed.
         """
-        self._update_run("prune", stream, version, pruned_at=utc_now())
+        self._update_run("prune", stream, run, pruned_at=utc_now())
 
     def prune_beyond(self, stream: str, keep: int) -> None:
-        """Mark every version but the newest `keep` pruned (`mark_pruned`).
+        """Mark every run that wrote `current` but the newest `keep` pruned (`mark_pruned`).
 
         Raises:
             StateStoreError: the database failed.
         """
-        versions = self.versions(stream)
-        for old in versions[: max(0, len(versions) - keep)]:
-            self.mark_pruned(stream, old.version)
+        kept = self.current_runs(stream)
+        for old in kept[: max(0, len(kept) - keep)]:
+            self.mark_pruned(stream, old.run)
 
-    def _update_run(self, what: str, stream: str, version: int, **values: Any) -> None:
+    def _update_run(self, what: str, stream: str, run: int, **values: Any) -> None:
         with self.store.transaction(what) as conn:
-            conn.execute(
-                update(_V).where(_V.c.stream == stream, _V.c.version == version).values(**values)
-            )
+            conn.execute(update(_V).where(_V.c.stream == stream, _V.c.run == run).values(**values))
 
 
-_V = schema.current_versions
+_V = schema.transform_runs
 
 
-def _runs(stream: str, with_version: bool = False, include_pruned: bool = True) -> Select[Any]:
-    """The stream's committed runs; only those that wrote a version of `current`, and only
-    versions not pruned, when asked."""
+def _by_key(row: Any) -> dict[str, Any]:
+    """A row of the runs table by its columns' Python keys (`run`, not the SQL `version`)."""
+    return {column.key: row._mapping[column] for column in _V.columns}
+
+
+def _runs(stream: str, wrote_current: bool = False, include_pruned: bool = True) -> Select[Any]:
+    """The stream's committed runs; only those that wrote `current`, and only those not
+    pruned, when asked."""
     query = select(_V).where(_V.c.stream == stream)
-    if with_version:
+    if wrote_current:
         query = query.where(_V.c.path.is_not(None))
     if not include_pruned:
         query = query.where(_V.c.pruned_at.is_(None))
@@ -263,8 +266,8 @@ def _runs(stream: str, with_version: bool = False, include_pruned: bool = True) 
 
 
 def _newest(query: Select[Any]) -> Select[Any]:
-    return query.order_by(_V.c.version.desc()).limit(1)
+    return query.order_by(_V.c.run.desc()).limit(1)
 
 
-def _first(found: list[CurrentVersion]) -> CurrentVersion | None:
+def _first(found: list[TransformRun]) -> TransformRun | None:
     return found[0] if found else None

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.catalog import schema_drift, table_names
-from orchestration.transform_assets import stream_tables
-from state import CuratedTable, CurrentVersion, TransformState
+from jobs.catalog import schema_drift, tables_made
+from orchestration.table_assets import TableTranslator
+from state import CuratedTable, TransformRun
 from tidemark.config import StreamConfig
 
 
@@ -27,9 +27,9 @@ def _schema(**fields: str) -> str:
 
 
 def _run(store, stream: str, number: int, tables: list[tuple[str, str, str, str]]) -> None:
-    run = CurrentVersion(
+    run = TransformRun(
         stream=stream,
-        version=number,
+        run=number,
         path=f"curated/{stream}",
         rows=1,
         doc_schema="",
@@ -37,7 +37,7 @@ def _run(store, stream: str, number: int, tables: list[tuple[str, str, str, str]
         changes_added=1,
         created_at=datetime.now(UTC),
         kind="merge",
-        base_version=number,
+        base_run=number,
     )
     records = [
         CuratedTable(
@@ -47,7 +47,7 @@ def _run(store, stream: str, number: int, tables: list[tuple[str, str, str, str]
     ]
     lease = store.acquire_lease(stream, "transform", timedelta(minutes=5))
     try:
-        TransformState(store).commit(lease, stream, number - 1 or None, run, [], records)
+        store.transforms.commit(lease, stream, number - 1 or None, run, [], records)
     finally:
         store.release_lease(lease)
 
@@ -87,17 +87,17 @@ def test_the_tables_that_become_assets(store):
             ("", "", "changes", ""),  # a cluster snapshot's marker: the stream's own
         ],
     )
-    found = table_names(store, "shop")
+    found = tables_made(store, "shop")
     assert found == [
         ("shop", "$database", "changes"),
         ("shop", "a", "changes"),
         ("shop", "a", "current"),
     ]
-    assert stream_tables(stream, found) == sorted(found)
+    assert TableTranslator(stream).tables(found) == sorted(found)
 
     one = StreamConfig(name="one", database="d", collection="c")
-    assert stream_tables(one, []) == [("d", "c", "changes"), ("d", "c", "current")]
+    assert TableTranslator(one).tables([]) == [("d", "c", "changes"), ("d", "c", "current")]
     no_current = StreamConfig(
         name="log", database="d", collection="c", current_table=False, full_document="default"
     )
-    assert stream_tables(no_current, []) == [("d", "c", "changes")]
+    assert TableTranslator(no_current).tables([]) == [("d", "c", "changes")]

@@ -9,14 +9,14 @@ import pytest
 
 from jobs.transform import delta_debt
 from jobs.transform.compact import COMPACTION
-from state import CurrentVersion, TransformState
+from state import TransformRun
 from tidemark.config import StreamConfig
 
 
 def _commit(store, stream: str, number: int, kind: str, folded: int, rows: int) -> None:
-    run = CurrentVersion(
+    run = TransformRun(
         stream=stream,
-        version=number,
+        run=number,
         path=f"curated/{stream}",
         rows=rows,
         doc_schema="",
@@ -24,11 +24,11 @@ def _commit(store, stream: str, number: int, kind: str, folded: int, rows: int) 
         changes_added=folded,
         created_at=datetime.now(UTC),
         kind=kind,
-        base_version=number,
+        base_run=number,
     )
     lease = store.acquire_lease(stream, "transform", timedelta(minutes=5))
     try:
-        TransformState(store).commit(lease, stream, number - 1 or None, run, [])
+        store.transforms.commit(lease, stream, number - 1 or None, run, [])
     finally:
         store.release_lease(lease)
 

@@ -23,7 +23,6 @@ import pytest
 from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import compact, exact_documents, transform
-from state import TransformState
 from tests.helpers.delta_reading import (
     changes_event_ids,
     current_documents,
@@ -179,14 +178,14 @@ def test_kills_at_every_point_lose_nothing_and_duplicate_nothing(
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == want
     (path,) = current_tables(sqlite_store, lake, stream.name).values()
     assert current_documents(path) == want  # any Delta reader, at the newest version
-    for table in TransformState(sqlite_store).tables(stream.name):
+    for table in sqlite_store.transforms.tables(stream.name):
         assert table.delta_version == delta_version(lake / table.path), table
     # What the dead runs left goes: raw files no batch lists, files no kept version uses.
     collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     compact(spark, sqlite_store, lake, stream)
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == want
     assert current_documents(path) == want
-    (table,) = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "current"]
+    (table,) = [t for t in sqlite_store.transforms.tables(stream.name) if t.kind == "current"]
     assert table.delta_version == delta_version(path)  # the compaction's OPTIMIZE, recorded
     reference = [
         e["_id"]["_data"] for e in direct_events(raw_client[db_name]["orders"], start.document)

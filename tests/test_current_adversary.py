@@ -11,7 +11,6 @@ from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import compact, exact_documents, read_current, transform
 from jobs.transform.delta_io import RunWriter
 from resources.mongo import cluster_time
-from state import TransformState
 from tests.helpers.delta_reading import current_documents, current_tables
 from tests.helpers.lake_reading import marked_commits, unrecorded_commits
 from tests.helpers.oracle import (
@@ -29,16 +28,14 @@ from tidemark.config import StreamConfig
 def _rows_match(spark, store, lake, stream) -> None:
     """Invariant 4: each kept version's stored row count is what a reader counts, for the
     stream and for each of its tables."""
-    tstate = TransformState(store)
-    for v in tstate.versions(stream.name):
-        got = read_current(spark, store, lake, stream.name, v.version).count()
-        assert got == v.rows, f"version {v.version} ({v.kind}): rows={v.rows}, read {got}"
-        for t in tstate.tables(stream.name, v.version):
+    tstate = store.transforms
+    for v in tstate.current_runs(stream.name):
+        got = read_current(spark, store, lake, stream.name, v.run).count()
+        assert got == v.rows, f"version {v.run} ({v.kind}): rows={v.rows}, read {got}"
+        for t in tstate.tables(stream.name, v.run):
             if t.kind == "current":
-                frame = read_current(
-                    spark, store, lake, stream.name, v.version, db=t.db, coll=t.coll
-                )
-                assert frame.count() == t.rows, f"version {v.version}: {t.db}.{t.coll}"
+                frame = read_current(spark, store, lake, stream.name, v.run, db=t.db, coll=t.coll)
+                assert frame.count() == t.rows, f"version {v.run}: {t.db}.{t.coll}"
 
 
 def test_a_field_name_with_a_dot_reads_back(
@@ -251,15 +248,15 @@ def test_time_travel_counts_and_columns_through_type_changes_optimize_vacuum_and
     step(compaction=True)
     collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
 
-    tstate = TransformState(sqlite_store)
+    tstate = sqlite_store.transforms
 
     def every_kept_version_reads_back(kept: int) -> None:
-        assert len(tstate.versions(stream.name)) == kept
-        for v in tstate.versions(stream.name):
-            frame = exact_documents(spark, sqlite_store, lake, stream.name, v.version)
-            assert _snapshot_rows(frame) == recorded[v.version], f"version {v.version}"
-            assert frame.count() == v.rows, f"version {v.version}: rows {v.rows}"
-            (table,) = [t for t in tstate.tables(stream.name, v.version) if t.kind == "current"]
+        assert len(tstate.current_runs(stream.name)) == kept
+        for v in tstate.current_runs(stream.name):
+            frame = exact_documents(spark, sqlite_store, lake, stream.name, v.run)
+            assert _snapshot_rows(frame) == recorded[v.run], f"version {v.run}"
+            assert frame.count() == v.rows, f"version {v.run}: rows {v.rows}"
+            (table,) = [t for t in tstate.tables(stream.name, v.run) if t.kind == "current"]
             _typed_columns_are_the_document(frame, table.doc_schema)
 
     every_kept_version_reads_back(len(recorded))
@@ -370,7 +367,7 @@ def test_runs_and_compactions_dying_before_commit_with_gc_between_log_each_event
             source_state(raw_client, db_name, "orders")
         )
         _rows_match(spark, sqlite_store, lake, stream)
-    tstate = TransformState(sqlite_store)
+    tstate = sqlite_store.transforms
     for table in tstate.tables(stream.name):  # the store agrees with every table's log
         assert not unrecorded_commits(lake / table.path, table.delta_version), table.path
         marks = marked_commits(lake / table.path)

@@ -111,9 +111,8 @@ def test_jobs_run_through_the_dagster_cli_without_the_optional_variables(
 
 
 def _newest_current(store: StateStore):
-    from state import TransformState
 
-    return TransformState(store).latest_version("orders")
+    return store.transforms.latest_current_run("orders")
 
 
 def _descendants(pid: int) -> set[int]:

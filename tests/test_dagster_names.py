@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from jobs.curated_zone import DATABASE_EVENTS
 from orchestration.definitions import build_definitions
 from orchestration.discovery import known_tables
-from orchestration.keys import KEY_LIMIT, table_names
 from orchestration.resources import build_resources
-from state import CuratedTable, CurrentVersion, StateStore, TransformState
+from orchestration.table_assets import KEY_LIMIT, table_names
+from state import CuratedTable, StateStore, TransformRun
 from tidemark.config import TidemarkConfig, load_streams
 
 pytestmark = pytest.mark.fast
@@ -76,9 +76,9 @@ def tables(draw: st.DrawFn) -> list[tuple[str, str, str]]:
 
 def _record(store: StateStore, stream: str, made: list[tuple[str, str, str]]) -> None:
     """The tables as a transform run's commit records them."""
-    run = CurrentVersion(
+    run = TransformRun(
         stream=stream,
-        version=1,
+        run=1,
         path=f"curated/{stream}",
         rows=0,
         doc_schema="",
@@ -86,7 +86,7 @@ def _record(store: StateStore, stream: str, made: list[tuple[str, str, str]]) ->
         changes_added=len(made),
         created_at=datetime.now(UTC),
         kind="merge",
-        base_version=1,
+        base_run=1,
     )
     records = [
         CuratedTable(stream, 1, db, coll, kind, f"curated/{stream}/{n}", 0, 0, "")
@@ -94,7 +94,7 @@ def _record(store: StateStore, stream: str, made: list[tuple[str, str, str]]) ->
     ]
     lease = store.acquire_lease(stream, "transform", timedelta(minutes=5))
     try:
-        TransformState(store).commit(lease, stream, None, run, [], records)
+        store.transforms.commit(lease, stream, None, run, [], records)
     finally:
         store.release_lease(lease)
 

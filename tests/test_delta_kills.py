@@ -27,7 +27,7 @@ import pytest
 
 from jobs.capture import drain, drain_until_caught_up
 from jobs.transform import exact_documents, transform
-from state import StateStore, TransformState
+from state import StateStore
 from tests.helpers.crash_child import data_files
 from tests.helpers.delta_reading import (
     changes_event_ids,
@@ -126,7 +126,7 @@ def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
     state_url = f"sqlite:///{tmp_path / 'case' / 'state.db'}"
     store, lake = StateStore(state_url), tmp_path / "case" / "lake"
     stream, db_name, start = prepared.stream, prepared.db, prepared.start
-    tstate = TransformState(store)
+    tstate = store.transforms
     latest = tstate.latest(stream.name)
     assert latest is not None
     tables = tstate.tables(stream.name)
@@ -142,7 +142,7 @@ def test_a_run_killed_at_a_delta_commit_is_repeated_exactly_once(
     assert tstate.tables(stream.name) == tables
     assert _read_all(spark, store, lake, stream.name, db_name) == before
     intent = tstate.intent(stream.name)
-    assert intent is not None and intent[0] == latest.version + 1
+    assert intent is not None and intent[0] == latest.run + 1
     # ... while the tables hold what the killed run committed, and only that.
     recorded = {(t.db, t.coll): t.delta_version for t in tables if t.kind == "current"}
     moved = {c: delta_version(currents[(db_name, c)]) > recorded[(db_name, c)] for c in COLLS}

@@ -14,7 +14,7 @@ from deltalake import DeltaTable, QueryBuilder
 from jobs.capture import drain, drain_until_caught_up
 from jobs.curated_zone import name_of, segment
 from jobs.transform import read_changes, read_current, transform
-from state import StateStore, TransformState
+from state import StateStore
 from tests.helpers.delta_reading import current_documents
 from tests.helpers.oracle import source_state
 from tidemark.errors import CuratedTableMissing, SchemaFrozen
@@ -29,7 +29,7 @@ def delta_rs(path, sql: str) -> pa.Table:
 def current_tables(store, lake, stream: str) -> dict[tuple[str, str], object]:
     return {
         (t.db, t.coll): lake / t.path
-        for t in TransformState(store).tables(stream)
+        for t in store.transforms.tables(stream)
         if t.kind == "current"
     }
 
@@ -75,7 +75,7 @@ def test_each_collection_has_its_own_tables_that_delta_rs_reads_as_find(
     types = dict(orders.dtypes)
     assert types["at"] == "timestamp" and types["qty"] == "bigint"
     assert "_tm_json" not in types and "_tm_deleted" not in types
-    changes = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "changes"]
+    changes = [t for t in sqlite_store.transforms.tables(stream.name) if t.kind == "changes"]
     logged = {t.coll: t.rows for t in changes}
     assert logged["orders"] == 6 + 3 + 1 and logged["later"] == 1
 
@@ -96,7 +96,7 @@ def test_a_frozen_schema_fails_the_run_on_drift_and_evolve_then_folds_it(
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)  # no drift
     (path,) = current_tables(sqlite_store, lake, stream.name).values()
-    before, version = current_documents(path), TransformState(sqlite_store).latest(stream.name)
+    before, version = current_documents(path), sqlite_store.transforms.latest(stream.name)
 
     coll.update_one({"_id": 1}, {"$set": {"n": "one", "extra": True}})  # "one": the residual
     drain(stream, raw_client, sqlite_store, lake)
@@ -106,7 +106,7 @@ def test_a_frozen_schema_fails_the_run_on_drift_and_evolve_then_folds_it(
         assert "added: extra" in str(failed.value) and "changed: none" in str(failed.value)
         assert "Set `schema: evolve`" in str(failed.value)
         assert current_documents(path) == before
-        assert TransformState(sqlite_store).latest(stream.name) == version
+        assert sqlite_store.transforms.latest(stream.name) == version
 
     result = transform(spark, sqlite_store, lake, make_stream(schema="evolve"))
     assert result.schema == {"added": [f"{db_name}.orders.extra"], "widened": []}
@@ -151,7 +151,7 @@ def test_the_change_feed_gives_only_what_a_run_changed(
     coll.insert_many([{"_id": i, "v": 0} for i in range(20)])
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
-    (before,) = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "current"]
+    (before,) = [t for t in sqlite_store.transforms.tables(stream.name) if t.kind == "current"]
 
     coll.update_many({"_id": {"$in": [1, 2, 3]}}, {"$set": {"v": 1}})
     coll.delete_one({"_id": 4})

@@ -20,10 +20,9 @@ from resources.mongo import connect
 from state import (
     BatchRecord,
     CuratedTable,
-    CurrentVersion,
     FileEntry,
     StateStore,
-    TransformState,
+    TransformRun,
 )
 from state.schema import utc_now
 from tidemark.cli import main
@@ -81,15 +80,15 @@ def _history(store: StateStore, stream: StreamConfig) -> None:
     replay = store.acquire_lease(stream.name, "replay", timedelta(minutes=5))
     store.commit_batch(replay, None, _batch(stream.name, "r0", "replay", 11, 1100), None)
     store.release_lease(replay)
-    runs = TransformState(store)
+    runs = store.transforms
     transform = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
 
     def table(run: int, coll: str, kind: str, version: int, rows: int) -> CuratedTable:
         path = f"curated/{stream.name}/shop/{coll}/{kind}"
         return CuratedTable(stream.name, run, "shop", coll, kind, path, version, rows, "{}")  # type: ignore[arg-type]
 
-    def run(number: int, folded: int) -> CurrentVersion:
-        return CurrentVersion(stream.name, number, "curated", 0, "{}", folded, folded, utc_now())
+    def run(number: int, folded: int) -> TransformRun:
+        return TransformRun(stream.name, number, "curated", 0, "{}", folded, folded, utc_now())
 
     runs.commit(
         transform, stream.name, None, run(1, 8), ["d0", "d1"], [table(1, "a", "current", 0, 4)]

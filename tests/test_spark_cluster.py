@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from jobs.capture import drain
-from state import TransformState
 from tests.helpers.connect_transform import transform_over_connect
 from tests.helpers.delta_reading import current_documents, current_tables, query
 from tests.helpers.oracle import burst, seed_collection, source_state
@@ -114,7 +113,7 @@ def test_the_transform_on_the_cluster_with_the_lake_on_s3_equals_the_source(
     ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
     assert str(path).startswith("s3://")
     assert current_documents(path) == source_state(raw_client, db_name, "orders")
-    changes = [t for t in TransformState(sqlite_store).tables(stream.name) if t.kind == "changes"]
+    changes = [t for t in sqlite_store.transforms.tables(stream.name) if t.kind == "changes"]
     ids = [r["event_id"] for t in changes for r in query(lake / t.path, "SELECT event_id FROM t")]
     assert len(ids) == len(set(ids)) == first["added"] + second["added"]
 

@@ -29,7 +29,6 @@ from resources.spark_server import (
     start_server,
     stop_server,
 )
-from state import TransformState
 from tests.helpers.connect_transform import transform_over_connect
 from tests.helpers.delta_reading import current_documents, current_tables, query
 from tests.helpers.oracle import source_state
@@ -143,7 +142,7 @@ def test_the_tables_a_transform_writes_over_connect_are_read_by_delta_rs(
     assert transform_over_connect(started.url, sqlite_store, lake, stream)["added"] == 6
     ((_, path),) = current_tables(sqlite_store, lake, stream.name).items()
     assert current_documents(path) == source_state(raw_client, db_name, "orders")
-    tables = TransformState(sqlite_store).tables(stream.name)
+    tables = sqlite_store.transforms.tables(stream.name)
     assert sorted(t.kind for t in tables) == ["changes", "current"]
     for table in tables:  # every column of every table
         assert query(lake / table.path, "SELECT * FROM t"), table.path

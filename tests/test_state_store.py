@@ -14,12 +14,11 @@ from sqlalchemy import select, update
 from state import (
     BatchRecord,
     CuratedTable,
-    CurrentVersion,
     FileEntry,
     NewPosition,
     SnapshotRecord,
     StateStore,
-    TransformState,
+    TransformRun,
     new_batch_id,
     schema,
 )
@@ -193,12 +192,12 @@ def test_running_snapshot_is_the_newest_still_running(store, make_config):
     assert found is not None and found.id == "s-m"
 
 
-def _run(stream: str, version: int, path: str | None, **more: Any) -> CurrentVersion:
-    return CurrentVersion(
+def _run(stream: str, number: int, path: str | None, **more: Any) -> TransformRun:
+    return TransformRun(
         stream=stream,
-        version=version,
+        run=number,
         path=path,
-        rows=version,
+        rows=number,
         doc_schema="{}",
         events_folded=1,
         changes_added=1,
@@ -212,7 +211,7 @@ def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, ma
     did not touch keeps its older record, one made later does not exist yet."""
     stream = make_config()
     store.ensure_stream(stream)
-    runs = TransformState(store)
+    runs = store.transforms
     lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
 
     def table(run: int, coll: str, version: int, rows: int) -> CuratedTable:
@@ -236,7 +235,7 @@ def test_tables_at_a_run_are_the_newest_record_of_each_at_or_before_it(store, ma
 def test_change_log_runs_are_found_by_their_event_id_range(store, make_config):
     stream = make_config()
     store.ensure_stream(stream)
-    runs = TransformState(store)
+    runs = store.transforms
     lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
     for number, (first, last) in enumerate([("a", "c"), ("d", "f"), ("g", "i")], start=1):
         run = _run(stream.name, number, None, changes_path=f"changes/run={number}")
@@ -244,26 +243,26 @@ def test_change_log_runs_are_found_by_their_event_id_range(store, make_config):
         runs.commit(lease, stream.name, number - 1 or None, run, [])
 
     def overlapping(low: str, high: str) -> list[int]:
-        return [r.version for r in runs.change_log_runs(stream.name, low, high)]
+        return [r.run for r in runs.change_log_runs(stream.name, low, high)]
 
     assert overlapping("e", "g") == [2, 3]
     assert overlapping("c", "c") == [1] and overlapping("j", "z") == []
-    assert [r.version for r in runs.change_log_runs(stream.name)] == [1, 2, 3]
+    assert [r.run for r in runs.change_log_runs(stream.name)] == [1, 2, 3]
 
 
-def test_latest_run_and_latest_version_are_the_newest(store, make_config):
+def test_latest_run_and_latest_current_run_are_the_newest(store, make_config):
     stream = make_config()
     store.ensure_stream(stream)
-    runs = TransformState(store)
-    assert runs.latest(stream.name) is None and runs.latest_version(stream.name) is None
+    runs = store.transforms
+    assert runs.latest(stream.name) is None and runs.latest_current_run(stream.name) is None
     lease = store.acquire_lease(stream.name, "transform", timedelta(minutes=5))
     runs.commit(lease, stream.name, None, _run(stream.name, 1, "current/v1"), [])
     runs.commit(lease, stream.name, 1, _run(stream.name, 2, "current/v2"), [])
     runs.commit(lease, stream.name, 2, _run(stream.name, 3, None), [])  # change log only
     runs.mark_pruned(stream.name, 2)
     latest = runs.latest(stream.name)
-    assert latest is not None and (latest.version, latest.path) == (3, None)
-    version = runs.latest_version(stream.name)  # the newest with a path, pruned or not
-    assert version is not None and (version.version, version.path) == (2, "current/v2")
-    assert version.pruned_at is not None
-    assert [v.version for v in runs.versions(stream.name)] == [1]
+    assert latest is not None and (latest.run, latest.path) == (3, None)
+    wrote = runs.latest_current_run(stream.name)  # the newest with a path, pruned or not
+    assert wrote is not None and (wrote.run, wrote.path) == (2, "current/v2")
+    assert wrote.pruned_at is not None
+    assert [v.run for v in runs.current_runs(stream.name)] == [1]

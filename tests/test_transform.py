@@ -16,7 +16,7 @@ from jobs.transform.delta_io import MARK
 from jobs.transform.fold import Watched
 from jobs.transform.stored_schema import OBJECT_ID_PATHS
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID
-from state import BatchRecord, FileEntry, TransformState, new_batch_id
+from state import BatchRecord, FileEntry, new_batch_id
 from tests.helpers.delta_reading import delta_version
 from tests.helpers.lake_reading import delta_log, marked_commits, unrecorded_commits
 from tests.helpers.oracle import (
@@ -226,9 +226,9 @@ def test_previous_version_is_the_state_before_the_last_run(
         snapshots[run] = source_state(raw_client, db_name, "orders")
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name, 2)) == snapshots[2]
     assert current_state(exact_documents(spark, sqlite_store, lake, stream.name)) == snapshots[3]
-    kept = [v.version for v in TransformState(sqlite_store).versions(stream.name)]
+    kept = [v.run for v in sqlite_store.transforms.current_runs(stream.name)]
     assert kept == [2, 3]  # keep_versions=2: version 1 was pruned
-    with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
+    with pytest.raises(TidemarkError, match=r"Run 1 of .* is not kept\. Kept runs: 2, 3 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)
 
 
@@ -296,7 +296,7 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
     transform(spark, sqlite_store, lake, stream)
     coll.delete_many({"_id": {"$lt": 5}})
     drain(stream, raw_client, sqlite_store, lake)
-    tstate = TransformState(sqlite_store)
+    tstate = sqlite_store.transforms
     before = tstate.tables(stream.name)
 
     def crash():
@@ -306,7 +306,7 @@ def test_a_crash_before_the_commit_leaves_the_previous_version_current(
         transform(spark, sqlite_store, lake, stream, before_commit=crash)
     # The Delta commits are made, the store's are not: readers see the previous run's state.
     assert tstate.intent(stream.name) is not None
-    assert [v.version for v in tstate.versions(stream.name)] == [1]
+    assert [v.run for v in tstate.current_runs(stream.name)] == [1]
     assert tstate.tables(stream.name) == before
     assert len(current_state(exact_documents(spark, sqlite_store, lake, stream.name))) == 10
     assert read_changes(spark, sqlite_store, lake, stream.name).count() == 10

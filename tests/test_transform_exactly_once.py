@@ -16,7 +16,7 @@ from jobs.capture import drain, drain_until_caught_up
 from jobs.ops import collect_garbage
 from jobs.transform import compact, exact_documents, read_current, transform
 from resources.mongo import cluster_time
-from state import TransformState, schema
+from state import schema
 from state.leases import TRANSFORM_LEASE_TTL, lease_name
 from tests.helpers.lake_reading import delta_log, marked_commits, unrecorded_commits
 from tests.helpers.oracle import capture_events, commit_raw_batch, current_state, source_state
@@ -194,8 +194,8 @@ def test_a_transform_whose_lease_is_taken_over_never_touches_the_committed_versi
         transform(spark, sqlite_store, lake, stream)
     monkeypatch.undo()
 
-    tstate = TransformState(sqlite_store)
-    assert [v.version for v in tstate.versions(stream.name)] == [1, 2, 3]
+    tstate = sqlite_store.transforms
+    assert [v.run for v in tstate.current_runs(stream.name)] == [1, 2, 3]
     assert tstate.intent(stream.name) is None
     got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))
     assert got == after == source_state(raw_client, db_name, "orders")  # the loser wrote none
@@ -336,29 +336,29 @@ def test_a_reader_of_a_pruned_version_finishes_after_gc_and_kept_versions_read_b
     reader = exact_documents(spark, sqlite_store, lake, stream.name)  # resolved: version 1
     states = {}
 
-    for version, change in ((2, lambda: coll.delete_many({"_id": {"$lt": 3}})),
+    for run, change in ((2, lambda: coll.delete_many({"_id": {"$lt": 3}})),
                             (3, lambda: coll.insert_one({"_id": 50}))):  # fmt: skip
         change()
         drain(stream, raw_client, sqlite_store, lake)
         result = transform(spark, sqlite_store, lake, stream)
-        assert (result.run, result.kind) == (version, "merge")
-        states[version] = source_state(raw_client, db_name, "orders")
-    with pytest.raises(TidemarkError, match=r"Version 1 of .* is not kept\. Kept versions: 2, 3 "):
+        assert (result.run, result.kind) == (run, "merge")
+        states[run] = source_state(raw_client, db_name, "orders")
+    with pytest.raises(TidemarkError, match=r"Run 1 of .* is not kept\. Kept runs: 2, 3 "):
         read_current(spark, sqlite_store, lake, stream.name, 1)  # no new reader finds it
     compacted = compact(spark, sqlite_store, lake, stream)  # rewrites every file: OPTIMIZE
     # The first run is the base the merges are counted from: runs 2 and 3 are its debt.
     assert (compacted.run, compacted.deltas) == (4, 2)
     states[4] = states[3]
 
-    # The default --min-age: a reader that resolved a version just before has that long.
+    # The default --min-age: a reader that resolved a run just before has that long.
     collect_garbage(lake, sqlite_store, min_age_seconds=60, spark=lambda: spark)
     assert current_state(reader) == expected_first  # the old reader still finishes
     collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
-    tstate = TransformState(sqlite_store)
-    assert [v.version for v in tstate.versions(stream.name)] == [3, 4]
-    for version in (3, 4):  # every kept version still reads back
-        frame = exact_documents(spark, sqlite_store, lake, stream.name, version)
-        assert current_state(frame) == states[version], f"version {version}"
+    tstate = sqlite_store.transforms
+    assert [v.run for v in tstate.current_runs(stream.name)] == [3, 4]
+    for run in (3, 4):  # every kept run still reads back
+        frame = exact_documents(spark, sqlite_store, lake, stream.name, run)
+        assert current_state(frame) == states[run], f"run {run}"
 
 
 def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
@@ -375,11 +375,11 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
     drain(stream, raw_client, sqlite_store, lake)
     transform(spark, sqlite_store, lake, stream)
     expected = source_state(raw_client, db_name, "orders")
-    tstate = TransformState(sqlite_store)
+    tstate = sqlite_store.transforms
     before = tstate.tables(stream.name)
     states = {
-        v.version: current_state(exact_documents(spark, sqlite_store, lake, stream.name, v.version))
-        for v in tstate.versions(stream.name)
+        v.run: current_state(exact_documents(spark, sqlite_store, lake, stream.name, v.run))
+        for v in tstate.current_runs(stream.name)
     }
 
     def die():
@@ -387,7 +387,7 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
 
     with pytest.raises(_Killed):
         compact(spark, sqlite_store, lake, stream, before_commit=die)
-    assert [(v.version, v.kind) for v in tstate.versions(stream.name)] == [
+    assert [(v.run, v.kind) for v in tstate.current_runs(stream.name)] == [
         (1, "merge"),
         (2, "merge"),
     ]
@@ -400,9 +400,9 @@ def test_a_compaction_that_dies_before_its_commit_leaves_the_version_current(
     (swept,) = collect_garbage(lake, sqlite_store, min_age_seconds=0, spark=lambda: spark)
     assert swept.curated is not None  # VACUUM ran
     states[3] = expected
-    for version, state in states.items():  # gc left every kept version's files
-        frame = exact_documents(spark, sqlite_store, lake, stream.name, version)
-        assert current_state(frame) == state, f"version {version}"
+    for run, state in states.items():  # gc left every kept run's files
+        frame = exact_documents(spark, sqlite_store, lake, stream.name, run)
+        assert current_state(frame) == state, f"run {run}"
 
 
 # -- 13c: turning current_table on needs a fresh copy ------------------------------------------
@@ -467,7 +467,7 @@ def test_a_drain_gets_in_while_gc_vacuums_and_a_transform_waits(
     # table with nothing to delete gets no VACUUM commits in its log. (Delta keeps every
     # unreferenced file of a table younger than the retention, and ours is at least an hour.)
     monkeypatch.setattr("jobs.transform.vacuum.retention_hours", lambda *_: 0.0)
-    tables = sorted(lake / t.path for t in TransformState(sqlite_store).tables(stream.name))
+    tables = sorted(lake / t.path for t in sqlite_store.transforms.tables(stream.name))
     orphan = tables[-1] / "part-00000-orphan-of-a-killed-write.snappy.parquet"  # in `current`
     orphan.write_bytes(b"PAR1")
     old = time.time() - 3 * 24 * 3600

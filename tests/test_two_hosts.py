@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from state import StateStore, TransformState
+from state import StateStore
 from tests.helpers.delta_reading import current_documents, current_tables, query
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import source_state
@@ -161,7 +161,7 @@ def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
         for stream in ("orders", "items"):
             ids = committed_table(store, s3_lake, stream).column("event_id").to_pylist()
             assert len(ids) == len(set(ids)), f"{stream}: an event in two committed batches"
-            changes = [t for t in TransformState(store).tables(stream) if t.kind == "changes"]
+            changes = [t for t in store.transforms.tables(stream) if t.kind == "changes"]
             logged = [
                 r["event_id"]
                 for t in changes

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from jobs.lake import SweepResult, sweep_orphans
 from jobs.raw_zone import RAW
-from state import Lease, LeaseKind, StateStore, TransformState
+from state import Lease, LeaseKind, StateStore
 from state.leases import CAPTURE_LEASE_TTL, RAW_WRITER_KINDS, TRANSFORM_LEASE_TTL
 from tidemark.errors import LeaseHeld, StateStoreError
 from tidemark.object_path import LakePath
@@ -93,7 +93,7 @@ def _sweep(
 
     raw, note = _under_leases(store, stream, RAW_WRITER_KINDS, CAPTURE_LEASE_TTL, orphans)
     curated, curated_note = None, ""
-    if spark is not None and TransformState(store).tables(stream):
+    if spark is not None and store.transforms.tables(stream):
         curated, curated_note = _under_leases(
             store,
             stream,

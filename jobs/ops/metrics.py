@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from pymongo import MongoClient
 
 from jobs.ops.status import StreamStatus, stream_status
-from state import StateStore, TransformState
+from state import StateStore
 from state.leases import parse_lease_name
 from tidemark.config import StreamConfig
 
@@ -174,13 +174,13 @@ class TidemarkCollector(Collector):
             "Live rows (current) or events (changes) of each collection table.",
             table_labels,
         )
-        transform = TransformState(self.store)
+        transform = self.store.transforms
         for stream in self.streams:
             runs = transform.runs(stream.name)
             runs_total.add_metric([stream.name], len(runs))
             folded.add_metric([stream.name], sum(r.events_folded for r in runs))
             if runs:
-                last_run.add_metric([stream.name], runs[-1].version)
+                last_run.add_metric([stream.name], runs[-1].run)
                 last_finish.add_metric([stream.name], _seconds(runs[-1].created_at) or 0.0)
             pending.add_metric([stream.name], len(transform.untransformed_batches(stream.name)))
             for table in transform.tables(stream.name):

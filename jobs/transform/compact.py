@@ -21,7 +21,7 @@ from jobs.curated_zone import curated
 from jobs.lake import relative
 from jobs.transform.delta_io import table_ref, table_version
 from resources.spark_lake import use_lake
-from state import CuratedTable, CurrentVersion, StateStore, TransformState
+from state import CuratedTable, StateStore, TransformRun
 from state.leases import TRANSFORM_LEASE_TTL
 from tidemark.config import StreamConfig
 from tidemark.object_path import LakePath
@@ -56,17 +56,15 @@ class CompactionResult:
 
 def delta_debt(store: StateStore, stream: str) -> DeltaDebt:
     """The merges since the last compaction (SQL only: no Spark)."""
-    runs = [r for r in TransformState(store).runs(stream) if r.path is not None]
+    runs = [r for r in store.transforms.runs(stream) if r.path is not None]
     if not runs:
         return DeltaDebt(None, 0, 0, 0)
     since = [r for r in runs if r.kind != COMPACTION]
     # The first run's files are fresh (no deletion vector, nothing replaced): it is the base
     # the merges after it are counted from, as a compaction is.
-    last = max((r.version for r in runs if r.kind == COMPACTION), default=runs[0].version)
-    since = [r for r in since if r.version > last]
-    return DeltaDebt(
-        runs[-1].version, len(since), sum(r.events_folded for r in since), runs[-1].rows
-    )
+    last = max((r.run for r in runs if r.kind == COMPACTION), default=runs[0].run)
+    since = [r for r in since if r.run > last]
+    return DeltaDebt(runs[-1].run, len(since), sum(r.events_folded for r in since), runs[-1].rows)
 
 
 def needs_compaction(store: StateStore, stream: StreamConfig) -> bool:
@@ -84,7 +82,7 @@ def compact(
 ) -> CompactionResult:
     """OPTIMIZE and purge every `current` table of the stream, as a new run."""
     clock = time.monotonic()
-    tstate = TransformState(store)
+    tstate = store.transforms
     lease = store.acquire_lease(stream.name, "transform", TRANSFORM_LEASE_TTL)
     try:
         latest = tstate.latest(stream.name)
@@ -93,7 +91,7 @@ def compact(
         # A killed transform's intent owns the next run number: it is repeated first.
         if latest is None or not tables or tstate.intent(stream.name) is not None:
             return CompactionResult(stream.name, None, 0, 0, 0, 0.0)
-        number = latest.version + 1
+        number = latest.run + 1
         use_lake(spark, lake_root)
         rewritten, records = 0, []
         for table in tables:
@@ -111,9 +109,9 @@ def compact(
                 )
             )  # fmt: skip
         rows = sum(t.rows for t in records)
-        record = CurrentVersion(
+        record = TransformRun(
             stream=stream.name,
-            version=number,
+            run=number,
             path=relative(lake_root, curated(lake_root, stream.name)),
             rows=rows,
             doc_schema="",
@@ -121,11 +119,11 @@ def compact(
             changes_added=0,
             created_at=datetime.now(UTC),
             kind=COMPACTION,
-            base_version=number,
+            base_run=number,
         )
         if before_commit is not None:
             before_commit()
-        tstate.commit(lease, stream.name, latest.version, record, [], records)
+        tstate.commit(lease, stream.name, latest.run, record, [], records)
         tstate.prune_beyond(stream.name, stream.keep_versions)
         return CompactionResult(
             stream.name, number, debt.deltas, rewritten, rows, time.monotonic() - clock

@@ -4,7 +4,7 @@ each live row's exact document (`exact_documents`, joined from the change log).
 
 Any engine can read one collection's table by pointing at its Delta path; these readers add
 what spans tables: the state store says which tables a stream has and which Delta version each
-had when a run committed (`version=N` is time travel to run N), so a commit a killed run left
+had when a run committed (`run=N` is time travel to run N), so a commit a killed run left
 beyond the store's record is never read. Several collections read as one frame carry
 `curated_zone.NAMESPACE_COLUMNS` first; a field typed differently in two collections reads as
 a string.
@@ -20,7 +20,7 @@ from jobs.curated_zone import TM_COLL, TM_DB, TM_DOCUMENT
 from jobs.transform.change_log import with_documents
 from jobs.transform.delta_io import quoted
 from resources.spark_lake import use_lake
-from state import CuratedTable, StateStore, TransformState
+from state import CuratedTable, StateStore
 from tidemark.errors import CuratedTableMissing
 from tidemark.object_path import LakePath
 
@@ -43,23 +43,22 @@ def read_current(
     store: StateStore,
     lake_root: LakePath,
     stream: str,
-    version: int | None = None,
+    run: int | None = None,
     *,
     db: str | None = None,
     coll: str | None = None,
 ) -> Any:
-    """The live documents of the stream's collections (or of one), as committed run
-    `version` left them (default: the newest)."""
-    tstate = TransformState(store)
-    if version is not None:
-        kept = [v.version for v in tstate.versions(stream)]
-        if version not in kept:
+    """The live documents of the stream's collections (or of one), as committed run `run`
+    left them (default: the newest)."""
+    if run is not None:
+        kept = [r.run for r in store.transforms.current_runs(stream)]
+        if run not in kept:
             raise CuratedTableMissing(
-                f"Version {version} of stream {stream!r}'s current tables is not kept.",
-                f"Kept versions: {', '.join(map(str, kept)) or 'none'} (raise keep_versions "
+                f"Run {run} of stream {stream!r}'s current tables is not kept.",
+                f"Kept runs: {', '.join(map(str, kept)) or 'none'} (raise keep_versions "
                 "in the streams config to keep more).",
             )
-    tables = _chosen(store, stream, "current", version, db, coll, "current-state table")
+    tables = _chosen(store, stream, "current", run, db, coll, "current-state table")
     return _union(spark, lake_root, tables, with_namespace=True)
 
 
@@ -68,7 +67,7 @@ def exact_documents(
     store: StateStore,
     lake_root: LakePath,
     stream: str,
-    version: int | None = None,
+    run: int | None = None,
     *,
     db: str | None = None,
     coll: str | None = None,
@@ -77,7 +76,7 @@ def exact_documents(
     it (BSON types and field order, as canonical Extended JSON), joined from the change log by
     the event that set the row. Every collection's log of the stream is read, since a rename
     moves rows with the event that set them; Tidemark never deletes a row of `changes`."""
-    current = read_current(spark, store, lake_root, stream, version, db=db, coll=coll)
+    current = read_current(spark, store, lake_root, stream, run, db=db, coll=coll)
     logs = _chosen(store, stream, "changes", None, None, None, "change log")
     namespaces = [(t.db, t.coll) for t in logs]
     return with_documents(spark, current.drop(TM_DOCUMENT), lake_root, stream, namespaces)
@@ -87,16 +86,16 @@ def _chosen(
     store: StateStore,
     stream: str,
     kind: str,
-    version: int | None,
+    run: int | None,
     db: str | None,
     coll: str | None,
     what: str,
 ) -> list[CuratedTable]:
     """The stream's tables of `kind` (of one database or collection when named) at run
-    `version`; CuratedTableMissing when there is none."""
+    `run`; CuratedTableMissing when there is none."""
     tables = [
         t
-        for t in TransformState(store).tables(stream, version)
+        for t in store.transforms.tables(stream, run)
         if t.kind == kind and (db is None or t.db == db) and (coll is None or t.coll == coll)
     ]
     if not tables:

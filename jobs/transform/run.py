@@ -37,7 +37,7 @@ from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
 from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
-from state import BatchRecord, CuratedTable, CurrentVersion, StateStore, TransformState
+from state import BatchRecord, CuratedTable, StateStore, TransformRun, TransformState
 from state.leases import TRANSFORM_LEASE_TTL
 from state.records import TableKind
 from tidemark.config import StreamConfig
@@ -113,7 +113,7 @@ def _combined(first: TransformResult, then: TransformResult) -> TransformResult:
 
 
 def _batches(
-    tstate: TransformState, stream: str, latest: CurrentVersion | None
+    tstate: TransformState, stream: str, latest: TransformRun | None
 ) -> tuple[int, list[BatchRecord], bool]:
     """The run's number, its batches, and whether it repeats a killed run."""
     waiting = tstate.untransformed_batches(stream)
@@ -122,7 +122,7 @@ def _batches(
         number, ids = intent
         chosen = set(ids)
         return number, [b for b in waiting if b.id in chosen], True
-    return (latest.version if latest else 0) + 1, waiting, False
+    return (latest.run if latest else 0) + 1, waiting, False
 
 
 def _refuse_legacy(
@@ -142,8 +142,8 @@ def _refuse_legacy(
     # one follow a run that did not).
     if any(b.events_by_type.get(SNAPSHOT_START) for b in batches):
         return
-    since = max((r.version for r in runs if r.kind == "merge"), default=0)
-    behind = [r.version for r in runs if r.path is None and r.changes_added and r.version > since]
+    since = max((r.run for r in runs if r.kind == "merge"), default=0)
+    behind = [r.run for r in runs if r.path is None and r.changes_added and r.run > since]
     if stream.current_table and behind:
         raise CurrentTableBehind(
             f"Stream {stream.name!r} ran with current_table: false (runs "
@@ -163,7 +163,7 @@ def _transform(
     progress: ProgressCallback | None,
 ) -> TransformResult:
     clock = time.monotonic()
-    tstate = TransformState(store)
+    tstate = store.transforms
     store.ensure_stream_row(stream)
     lease = store.acquire_lease(stream.name, "transform", TRANSFORM_LEASE_TTL)
     try:
@@ -208,7 +208,7 @@ def _transform(
         tstate.commit(
             lease,
             stream.name,
-            latest.version if latest else None,
+            latest.run if latest else None,
             record,
             [b.id for b in batches],
             tables,
@@ -298,19 +298,20 @@ def _run_record(
     tables: list[CuratedTable],
     tstate: TransformState,
     lake_root: LakePath,
-) -> CurrentVersion | None:
+) -> TransformRun | None:
     if new is None:
         return None  # every event was logged already: the batches are marked, nothing else
-    wrote_current = stream.current_table  # folded (a run may change no table: still a version)
+    # Folded: a run may change no table, and a reader may still travel back to it.
+    wrote_current = stream.current_table
     rows = 0
     if wrote_current:
         changed = {(t.db, t.coll) for t in tables if t.kind == "current"}
         before = tstate.tables(stream.name)
         kept = [t for t in before if t.kind == "current" and (t.db, t.coll) not in changed]
         rows = sum(t.rows for t in tables if t.kind == "current") + sum(t.rows for t in kept)
-    return CurrentVersion(
+    return TransformRun(
         stream=stream.name,
-        version=number,
+        run=number,
         path=relative(lake_root, curated(lake_root, stream.name)) if wrote_current else None,
         rows=rows,
         doc_schema="",
@@ -318,7 +319,7 @@ def _run_record(
         changes_added=new.count,
         created_at=datetime.now(UTC),
         kind="merge" if wrote_current else None,
-        base_version=number if wrote_current else None,
+        base_run=number if wrote_current else None,
         first_event_id=new.first_event_id,
         last_event_id=new.last_event_id,
         changes_path=relative(lake_root, curated(lake_root, stream.name)),

@@ -25,16 +25,16 @@ from jobs.curated_zone import removed_dir
 from jobs.transform.delta_io import is_table, table_ref
 from resources.delta_rs import delta_table
 from resources.spark_lake import use_lake
-from state import StateStore, TransformState
+from state import StateStore
 from tidemark.object_path import LakePath
 
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 def retention_hours(store: StateStore, stream: str, min_age_seconds: float) -> float:
-    """Hours a replaced file is kept: the oldest kept version's age plus `min_age_seconds`,
+    """Hours a replaced file is kept: the oldest kept run's age plus `min_age_seconds`,
     never below (so a file replaced within the last hour is always kept)."""
-    kept = TransformState(store).versions(stream)
+    kept = store.transforms.current_runs(stream)
     now = datetime.now(UTC)
     oldest = min((v.created_at for v in kept), default=now)
     seconds = (now - oldest).total_seconds() + min_age_seconds
@@ -49,7 +49,7 @@ def vacuum(
     """VACUUM every table of the stream (the caller holds its transform lease); returns the
     files deleted."""
     hours = retention_hours(store, stream, min_age_seconds)
-    paths = {lake_root / t.path for t in TransformState(store).tables(stream)}
+    paths = {lake_root / t.path for t in store.transforms.tables(stream)}
     paths.add(removed_dir(lake_root, stream))  # Tidemark's own table, not in the catalog
     removed: list[str] = []
     use_lake(spark, lake_root)

@@ -12,7 +12,7 @@ import pyarrow as pa
 from deltalake import QueryBuilder
 
 from resources.delta_rs import delta_table
-from state import StateStore, TransformState
+from state import StateStore
 from tidemark.object_path import LakePath
 
 
@@ -30,7 +30,7 @@ def delta_version(path: LakePath) -> int:
 def current_tables(store: StateStore, lake: Path, stream: str) -> dict[tuple[str, str], Path]:
     return {
         (t.db, t.coll): lake / t.path
-        for t in TransformState(store).tables(stream)
+        for t in store.transforms.tables(stream)
         if t.kind == "current"
     }
 
@@ -86,7 +86,7 @@ def changes_event_ids(store: StateStore, lake: Path, stream: str) -> list[str]:
     """Every event id in the stream's `changes` tables, as often as each is there."""
     return [
         r["event_id"]
-        for t in TransformState(store).tables(stream)
+        for t in store.transforms.tables(stream)
         if t.kind == "changes"
         for r in query(lake / t.path, "SELECT event_id FROM t")
     ]

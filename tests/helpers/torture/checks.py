@@ -11,7 +11,7 @@ from typing import Any
 from pymongo.errors import PyMongoError
 
 from jobs.curated_zone import OWN_PREFIX, TM_RESIDUAL
-from state import StateStore, TransformState
+from state import StateStore
 from tests.helpers.delta_reading import current_rows, current_tables, query
 from tests.helpers.lake_reading import read_parquet
 from tests.helpers.oracle import canonical, current_key
@@ -212,7 +212,7 @@ class Oracle:
     def _check_changes(self, name: str, refs: list[Ref], expected: list[Ref], lost: int) -> None:
         rows = [
             row
-            for table in TransformState(self.t.store).tables(name)
+            for table in self.t.store.transforms.tables(name)
             if table.kind == "changes"
             for row in query(self.t.lake / table.path, "SELECT event_id, operation_type FROM t")
         ]
