@@ -194,7 +194,7 @@ def graphql(port: int, query: str) -> dict:
 def ui_times(
     env: dict[str, str], work: Path, collections: int, streams: int, repeats: int
 ) -> dict[str, object]:
-    from resources.embedded_mongo import free_port
+    from resources.processes import free_port
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

@@ -153,6 +153,6 @@ def names(columns: list[Column]) -> list[str]:
     return [c.name for c in columns]
 
 
-def ddl(columns: list[Column]) -> str:
+def columns_ddl(columns: list[Column]) -> str:
     """`columns` as a Spark DDL schema ("name type, ...")."""
     return ", ".join(f"{c.name} {c.type}" for c in columns)

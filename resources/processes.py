@@ -68,7 +68,7 @@ def port_free(host: str, port: int) -> bool:
         return True
 
 
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

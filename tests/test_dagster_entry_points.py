@@ -153,7 +153,7 @@ def _answers(port: int) -> bool:
 
 @pytest.mark.slow
 def test_tidemark_ui_stop_ends_the_whole_dagster_dev_started_in_the_background(tmp_path):
-    from resources.embedded_mongo import free_port
+    from resources.processes import free_port
 
     config = tmp_path / "streams.yaml"
     config.write_text(

@@ -29,7 +29,7 @@ from resources.delta import (
     delta_jvm_settings,
     installed_jars,
 )
-from resources.embedded_mongo import free_port
+from resources.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

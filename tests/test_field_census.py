@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import DoubleType, LongType, StringType, StructType
 
-from jobs.transform.field_census import census, from_json, merge, to_json
+from jobs.transform.field_census import census, from_json, merge_census, to_json
 from jobs.transform.type_rule import BSON_KIND, OBJECT_ID, schema_for, schema_from
 from tests.test_type_rule import documents
 
@@ -28,8 +28,8 @@ def test_parts_counted_apart_give_the_schema_of_the_whole_in_any_order(first, ru
     cut = data.draw(st.integers(0, len(run)))
     shuffled = data.draw(st.permutations(run))
     parts = [census(run[:cut]), census(run[cut:])]
-    added = merge(*parts)
-    assert added == merge(*reversed(parts))
+    added = merge_census(*parts)
+    assert added == merge_census(*reversed(parts))
     assert from_json(to_json(added)) == added  # what crosses from the workers to the driver
     whole = schema_for(existing, run)
     assert schema_from(existing, added) == whole

@@ -20,7 +20,7 @@ from jobs.capture.capture_pass import PassBounds, capture_pass
 from jobs.capture.reader import ChangeStreamReader, WatchSpec
 from jobs.capture.writer import RawBatchWriter
 from jobs.transform import exact_documents, read_changes, transform
-from resources.embedded_mongo import free_port
+from resources.processes import free_port
 from resources.spark_server import start_server, stop_server
 from tests.helpers.connect_transform import transform_over_connect
 from tests.helpers.delta_reading import changes_event_ids, current_documents, current_tables

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.types import DecimalType, DoubleType, IntegerType, LongType
 
-from jobs.transform.number_columns import column_for, exact, held, number_type
+from jobs.transform.number_columns import column_for, exact, holds_exactly, number_type
 
 pytestmark = pytest.mark.fast
 
@@ -49,7 +49,7 @@ def same(a: Decimal, b: Decimal) -> bool:
 @given(numbers)
 def test_a_number_is_held_by_its_own_type(value):
     own = number_type(value)
-    assert own is None or held(own, value)
+    assert own is None or holds_exactly(own, value)
 
 
 @given(st.lists(numbers, min_size=1, max_size=6))
@@ -61,7 +61,7 @@ def test_a_new_column_holds_its_first_runs_numbers_or_leaves_them_to_the_residua
         or (isinstance(column, DecimalType) and column.precision == 38)
     )
     for value in values:
-        if column is None or held(column, value):
+        if column is None or holds_exactly(column, value):
             continue
         # The residual takes only what the chosen type cannot hold: a decimal no 38 digits
         # hold, an integer or decimal a double rounds, digits past the decimal's 38, -0.0.
@@ -79,7 +79,7 @@ def test_a_new_column_holds_its_first_runs_numbers_or_leaves_them_to_the_residua
 def test_a_number_in_its_column_reads_back_exactly(values):
     column = column_for(values)
     for value in values:
-        if column is not None and held(column, value):
+        if column is not None and holds_exactly(column, value):
             assert same(spark_value(column, value), exact(value)), (column, value)
 
 
@@ -112,4 +112,4 @@ def test_mixed_numbers_end_in_one_column(values, column):
     ],
 )
 def test_a_number_a_column_cannot_hold_exactly_is_not_held(column, value):
-    assert not held(column, value)
+    assert not holds_exactly(column, value)

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.embedded_mongo import free_port
-from resources.processes import runs
+from resources.processes import free_port, runs
 from resources.spark_server import CONNECT_CLASS, running_server, start_server, stop_server
 from tidemark.cli.commands import main
 

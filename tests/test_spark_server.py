@@ -21,7 +21,7 @@ import pytest
 from bson import ObjectId
 
 from jobs.capture import drain
-from resources.embedded_mongo import free_port
+from resources.processes import free_port
 from resources.spark_server import (
     CONNECT_CLASS,
     ConnectServer,

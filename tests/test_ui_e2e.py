@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.embedded_mongo import free_port
-from resources.processes import terminate_group
+from resources.processes import free_port, terminate_group
 from tidemark.cli.dagster_env import DAGSTER_YAML
 from tidemark.cli.workload import run_shop_workload
 

@@ -63,7 +63,7 @@ def fragment_of(raw: bytes, start: int = 0) -> Fragment | None:
     return None
 
 
-def merge(fragments: list[bytes]) -> bytes:
+def join_fragments(fragments: list[bytes]) -> bytes:
     """The whole event: the last fragment's `_id`, then every fragment's other top-level
     elements in order (without `_id` and `splitEvent`), copied byte for byte."""
     token = b""
@@ -114,7 +114,7 @@ class Reassembler:
                 self._out_of_order(fragment)
             self.pending.append(raw)
             if fragment.number == fragment.of:
-                out.append(merge(self.pending))
+                out.append(join_fragments(self.pending))
                 self.pending = []
         whole = RawDocuments.of(out)
         if not self.pending:

@@ -39,8 +39,8 @@ from jobs.curated_zone import (
     TM_KEY,
     TM_RESIDUAL,
     TM_RUN,
+    columns_ddl,
     current_dir,
-    ddl,
     names,
     removed_dir,
 )
@@ -54,8 +54,7 @@ from jobs.transform.delta_io import (
     table_property,
     table_ref,
 )
-from jobs.transform.field_census import Census
-from jobs.transform.field_census import merge as merge_census
+from jobs.transform.field_census import Census, merge_census
 from jobs.transform.fold import (
     KEY,
     EventFacts,
@@ -332,7 +331,9 @@ class Fold:
         reads what earlier runs removed), so one append serves all its namespace events."""
         if not self.barriers:
             return
-        frame = marked_by_value(self.spark.createDataFrame(self.barriers, ddl(REMOVED_COLUMNS)))
+        frame = marked_by_value(
+            self.spark.createDataFrame(self.barriers, columns_ddl(REMOVED_COLUMNS))
+        )
         properties = self.writer.new_table({})
         self.writer.create(frame, self._removed(), properties, self.writer.slot())
 

@@ -151,7 +151,7 @@ class FieldCensus:
         if self.items is not None and other.items is not None:
             items = self.items.merge(other.items)
         return FieldCensus(
-            kinds, self.numbers.merge(other.numbers), merge(self.fields, other.fields), items
+            kinds, self.numbers.merge(other.numbers), merge_census(self.fields, other.fields), items
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,7 +218,7 @@ def census(documents: list[dict[str, Any]]) -> Census:
     return counted
 
 
-def merge(a: Census, b: Census) -> Census:
+def merge_census(a: Census, b: Census) -> Census:
     """The census of two parts' documents together."""
     merged = dict(a)
     for name, counted in b.items():

@@ -60,7 +60,7 @@ def _decimal_type(value: Decimal) -> DecimalType | None:
     return DecimalType(precision, scale)
 
 
-def held(column: DataType, value: Number) -> bool:
+def holds_exactly(column: DataType, value: Number) -> bool:
     """Whether a column of this type holds `value` with no change of its value."""
     number = exact(value)
     if number.is_zero() and number.is_signed() and not isinstance(column, DoubleType):

@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 )
 
 from jobs.transform.field_census import column_names, every_name_a_column
-from jobs.transform.number_columns import INT_RANGE, held, stored
+from jobs.transform.number_columns import INT_RANGE, holds_exactly, stored
 from jobs.transform.type_rule import BSON_KIND, FIRST_INSTANT, LAST_INSTANT, NUMBERS, OBJECT_ID
 
 MISFIT = object()  # a value its column does not hold: it goes to the residual whole
@@ -166,6 +166,6 @@ def _number(dtype: DataType) -> Column:
                 return (MISFIT, None) if zero_signed else (int(value), None)
         elif not isinstance(value, NUMBERS) or isinstance(value, bool):
             return MISFIT, None
-        return (stored(dtype, value), None) if held(dtype, value) else (MISFIT, None)
+        return (stored(dtype, value), None) if holds_exactly(dtype, value) else (MISFIT, None)
 
     return column

@@ -52,7 +52,7 @@ from pyspark.sql.types import (
 )
 
 from jobs.transform.field_census import Census, FieldCensus, census, column_names
-from jobs.transform.number_columns import held, stored
+from jobs.transform.number_columns import holds_exactly, stored
 from tidemark.errors import SchemaFrozen
 
 BSON_KIND = "tidemark.bson"  # a column's metadata key: the BSON type a string column holds
@@ -169,7 +169,7 @@ def _fits(field: StructField, value: Any) -> bool:
         # {} would read as a struct of nulls, the same as {"a": null}: it keeps its place in
         # the residual, as it does before its field has a column.
         return isinstance(value, dict) and bool(value)
-    return _is_number(value) and held(dtype, value)
+    return _is_number(value) and holds_exactly(dtype, value)
 
 
 def _fits_whole(field: StructField, value: Any) -> bool:

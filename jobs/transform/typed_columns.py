@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, StringType, StructField, StructType
 
 from jobs.curated_zone import TM_DOCUMENT, TM_RESIDUAL
-from jobs.transform.field_census import Census, census, from_json, merge, to_json
+from jobs.transform.field_census import Census, census, from_json, merge_census, to_json
 from jobs.transform.placer import placer
 from jobs.transform.stored_schema import ddl, stored_metadata
 from jobs.transform.type_rule import arrow_type, residual_json
@@ -118,7 +118,7 @@ def run_census(documents: DataFrame) -> Census:
     rows = documents.mapInArrow(census_batches, f"{CENSUS} string").collect()
     counted: Census = {}
     for row in rows:
-        counted = merge(counted, from_json(row[CENSUS]))
+        counted = merge_census(counted, from_json(row[CENSUS]))
     return counted
 
 
@@ -129,7 +129,7 @@ def run_censuses(rows: DataFrame) -> dict[tuple[str, str], Census]:
     counted: dict[tuple[str, str], Census] = {}
     for row in rows.mapInArrow(census_by_namespace_batches, schema).collect():
         ns = (row["db"], row["coll"])
-        counted[ns] = merge(counted.get(ns, {}), from_json(row[CENSUS]))
+        counted[ns] = merge_census(counted.get(ns, {}), from_json(row[CENSUS]))
     return counted
 
 
