@@ -108,14 +108,6 @@ def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key
     _rows_match(spark, sqlite_store, lake, stream)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="out-of-order namespace events do not commute: a late rename a -> b, folded after a "
-    "newer run renamed b to e, moves a's rows into b, which no longer exists, where they should "
-    "have gone on to e (`_move` does not follow the target's later barriers). Fix needed: a run "
-    "that folds a namespace event older than a barrier already written for its source or "
-    "target rebuilds the collections connected to it by later renames from `changes`.",
-)
 def test_a_replayed_rename_into_a_collection_renamed_away_since_follows_it(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):
@@ -140,14 +132,6 @@ def test_a_replayed_rename_into_a_collection_renamed_away_since_follows_it(
     assert current_state(rows) == source_state(raw_client, db_name, "e")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a late event older than a rename barrier is dropped (`fold.not_cleared`: 'a late "
-    "event stays gone'), which is right behind a drop but not behind a rename: the document "
-    "moved with its collection, so a late insert into b, folded after b was renamed to e, "
-    "belongs in e. Same fix as the replayed rename above: rebuild the collections a late "
-    "event's namespace was renamed into since, from `changes`, in event order.",
-)
 def test_a_replayed_insert_into_a_collection_renamed_away_since_follows_it(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name
 ):

@@ -96,6 +96,13 @@ class Folded:
     tables: dict[Namespace, StructType] = field(default_factory=dict)
     schema: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
+    def joined(self, then: Folded) -> Folded:
+        """This fold's changes, then `then`'s (a table's newest schema is `then`'s)."""
+        schema = {k: {n: list(v) for n, v in c.items()} for k, c in self.schema.items()}
+        for key, changes in then.schema.items():
+            add_changes(schema.setdefault(key, {"added": [], "widened": []}), changes)
+        return Folded({**self.tables, **then.tables}, schema)
+
 
 class Fold:
     """One run's fold over its stream's tables (see the module docstring)."""
@@ -122,6 +129,7 @@ class Fold:
         self.typed_keys: set[Namespace] = set()  # keyed by type, not value (`KEY_RULE`)
         self.old_layout: set[Namespace] = set()  # typed before `type_rule`: no TM_RESIDUAL
         self.barriers: list[tuple[Any, ...]] = []  # `removed` rows of this run's namespace events
+        self.from_history = False  # `rebuild`: every event that removed anything is folded again
 
     # -- paths and what is on disk -------------------------------------------------------
 
@@ -154,9 +162,10 @@ class Fold:
         return with_documents(self.spark, rows, w.lake_root, w.stream, self.namespaces)
 
     def _earlier_removals(self) -> DataFrame | None:
-        """`removed` as earlier runs left it (see the module docstring)."""
+        """`removed` as earlier runs left it (see the module docstring); None in a `rebuild`,
+        whose events hold every delete and namespace event that made those rows."""
         path = self._removed()
-        if not is_table(path):
+        if self.from_history or not is_table(path):
             return None
         table = self.spark.read.format("delta").load(str(path))
         return table.where(F.col(TM_RUN) != F.lit(self.writer.run))
@@ -172,6 +181,18 @@ class Fold:
                 if is_table(self._current(ns)):
                     self.writer.set_change_feed(self._current(ns), True)
         return folded
+
+    def rebuild(self, history: DataFrame, repeat: bool = False) -> Folded:
+        """Fold the whole `history` of this fold's collections (`run_namespaces`) onto their
+        tables emptied first, as if no event of theirs had been folded (`late_history`)."""
+        self.from_history = True
+        self.writer.slots = max(self.writer.slots, FOLD_SLOTS_FROM)
+        for ns in self.run_namespaces:
+            path, slot = self._current(ns), self.writer.slot()
+            if is_table(path):
+                self.writer.vectors_when_large(path)
+                self.writer.sql(f"DELETE FROM {table_ref(path)}", path, slot)
+        return self.run(history, repeat)
 
     def _run(self, events: DataFrame) -> Folded:
         self.writer.slots = max(self.writer.slots, FOLD_SLOTS_FROM)

@@ -35,6 +35,7 @@ from jobs.transform.apply import Fold, Folded
 from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
+from jobs.transform.late_history import history, newest_logged, outside, to_rebuild
 from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
 from state import BatchRecord, CuratedTable, StateStore, TransformRun, TransformState
@@ -256,7 +257,22 @@ def _fold(
     watched = Watched(stream.database, stream.collection)
     collections = [(db, coll) for db, coll in new.namespaces if db is not None and coll is not None]
     frozen = stream.schema_policy == "freeze"
-    return Fold(writer, watched, known, facts, collections, frozen).run(new.frame, repeat)
+    # Late events behind a rename: their collections are folded again from their history.
+    logs = [(t.db or None, t.coll or None) for t in tstate.tables(stream.name)]
+    newest = newest_logged(tstate, stream.name)
+    rebuilt = to_rebuild(new, newest, logs + new.namespaces, writer.lake_root, stream.name)
+    events, first = new.frame, Folded()
+    if rebuilt:
+        past = history(writer.spark, writer.lake_root, stream.name, rebuilt)
+        ours = [ns for ns in known if ns in rebuilt]
+        again = EventFacts(large=large)  # the whole history: assume nothing of it
+        fold = Fold(writer, watched, ours, again, rebuilt, frozen)
+        first = fold.rebuild(past, repeat) if past is not None else first
+        known = sorted({*known, *first.tables})
+        events = outside(events, rebuilt)
+        collections = [ns for ns in collections if ns not in rebuilt]
+    folded = Fold(writer, watched, known, facts, collections, frozen).run(events, repeat)
+    return first.joined(folded)
 
 
 def _table_records(

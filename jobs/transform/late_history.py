@@ -1,0 +1,147 @@
+"""Late events behind a rename: which collections a run rebuilds from their whole history.
+
+A late event (older than events earlier runs folded: a replayed window before the stream's
+start, a replay folded while the drain lags) meets what came after it through the `removed`
+table: a tombstone or a namespace event's barrier hides it (`fold.not_cleared`). That is right
+behind a drop, whose documents are gone, but not behind a rename, whose documents moved on: a
+late insert into b, folded after b was renamed to e, belongs in e, and a late rename a -> b,
+folded after b -> e, carries a's rows on to e. Namespace events folded out of order do not
+commute, so such a run rebuilds the collections involved from their change logs, in event
+order, onto emptied tables (`apply.Fold.rebuild`), and folds its other events as usual.
+
+Which collections: those of the late events, and those the renames newer than the run's
+oldest new event took them to (`reached`); then every collection ever renamed into one of
+those, whose rows are part of its history. A run with no late event pays nothing (the state
+store answers: its oldest new event against the newest event earlier runs logged); a run with
+late events reads the renames of the stream's change logs once, and a rebuild reads the whole
+change logs of the collections it rebuilds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from jobs.curated_zone import changes_dir
+from jobs.transform.change_log import NewEvents
+from jobs.transform.delta_io import is_table
+from jobs.transform.fold import NAMESPACE_OPERATIONS
+from jobs.transform.segments import Namespace
+from state import TransformState
+from tidemark.object_path import LakePath
+
+
+@dataclass(frozen=True)
+class Rename:
+    event_id: str
+    source: Namespace
+    target: Namespace
+
+
+def newest_logged(tstate: TransformState, stream: str) -> str | None:
+    """The newest event id a committed run logged (None: none yet)."""
+    ends = [r.last_event_id for r in tstate.change_log_runs(stream) if r.last_event_id]
+    return max(ends, default=None)
+
+
+def to_rebuild(
+    new: NewEvents,
+    newest: str | None,
+    logs: list[tuple[str | None, str | None]],
+    lake_root: LakePath,
+    stream: str,
+) -> list[Namespace]:
+    """The collections this run rebuilds from their history (none, nearly always). `newest`:
+    the newest event id earlier runs logged; `logs`: the namespaces with a change log."""
+    if newest is None or new.first_event_id >= newest:
+        return []  # nothing older than what was folded: no late event
+    collections = sorted({(db, coll) for db, coll in logs if db is not None and coll is not None})
+    late: set[Namespace] = set()
+    found = new.frame.where(F.col("event_id") < F.lit(newest)).select("db", "coll").distinct()
+    for row in found.collect():
+        if row.db is None:  # the stream's own (a snapshot's start): every collection
+            late.update(collections)
+        elif row.coll is None:  # a database's own (its drop): its collections
+            late.update(ns for ns in collections if ns[0] == row.db)
+        else:
+            late.add((row.db, row.coll))
+    renames = _renames(new.frame.sparkSession, lake_root, stream, collections)
+    after = [r for r in renames if r.event_id > new.first_event_id]
+    reached = _closure(late, after, forward=True)
+    if not any(r.source in reached for r in after):
+        return []  # no rename moved what the late events touched: the barriers are right
+    return sorted(_closure(reached, renames, forward=False))
+
+
+def _closure(start: set[Namespace], renames: list[Rename], forward: bool) -> set[Namespace]:
+    """`start` and what `renames` link to it: their targets (`forward`) or their sources."""
+    found = set(start)
+    grew = True
+    while grew:
+        grew = False
+        for rename in renames:
+            known, other = (
+                (rename.source, rename.target) if forward else (rename.target, rename.source)
+            )
+            if known in found and other not in found:
+                found.add(other)
+                grew = True
+    return found
+
+
+def _renames(spark, lake_root: LakePath, stream: str, logs: list[Namespace]) -> list[Rename]:
+    """Every rename in the collections' change logs (a rename is logged by its source)."""
+    frames = [
+        spark.read.format("delta")
+        .load(str(path))
+        .where(F.col("operation_type") == "rename")
+        .select("event_id", "db", "coll", "to_db", "to_coll")
+        for path in (changes_dir(lake_root, stream, *ns) for ns in logs)
+        if is_table(path)
+    ]
+    if not frames:
+        return []
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return [
+        Rename(r.event_id, (r.db, r.coll), (r.to_db, r.to_coll))
+        for r in union.collect()
+        if r.to_db is not None and r.to_coll is not None
+    ]
+
+
+def outside(events: DataFrame, namespaces: list[Namespace]) -> DataFrame:
+    """`events` but those of `namespaces` (a database's or the stream's own events stay)."""
+    inside = F.lit(False)
+    for db, coll in namespaces:
+        ours = F.col("db").eqNullSafe(F.lit(db)) & F.col("coll").eqNullSafe(F.lit(coll))
+        inside = inside | ours
+    return events.where(~inside)
+
+
+def history(
+    spark, lake_root: LakePath, stream: str, namespaces: list[Namespace]
+) -> DataFrame | None:
+    """Every event of `namespaces` from their change logs, with the namespace events of their
+    databases (a drop) and of the stream (a snapshot's start) that cover them."""
+    parts: list[DataFrame] = []
+    own = [changes_dir(lake_root, stream, *ns) for ns in namespaces]
+    databases = sorted({db for db, _ in namespaces})
+    covering = [changes_dir(lake_root, stream, db, None) for db in databases]
+    covering.append(changes_dir(lake_root, stream, None, None))
+    for path in own + covering:
+        if not is_table(path):
+            continue
+        frame = spark.read.format("delta").load(str(path))
+        if path in covering:
+            frame = frame.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
+        parts.append(frame)
+    if not parts:
+        return None
+    union = parts[0]
+    for frame in parts[1:]:
+        union = union.unionByName(frame, allowMissingColumns=True)
+    return union
