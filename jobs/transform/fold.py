@@ -17,8 +17,9 @@ A rename moves the source's rows to the target when the target is one the stream
 database or cluster stream renaming inside its scope); a rename out of the watched scope (a
 collection stream's collection renamed away, a database stream's collection moved to another
 database) removes them, as a drop does: the stream no longer sees their changes. An event of
-the source older than the rename that arrives after it is ignored (the source's barrier), not
-moved: only what the fold knew at the rename moves.
+the source older than the rename that arrives after the rename was folded is not dropped by the
+source's barrier: its run rebuilds the collections the renames link it to from their history
+(`jobs.transform.late_history`).
 
 Snapshot rows are upserts whose event ids sort at the snapshot's time. A collection's events
 are folded in segments between the namespace events that touch it, each segment applied to what

@@ -68,7 +68,13 @@ def to_rebuild(
         else:
             late.add((row.db, row.coll))
     renames = _renames(new.frame.sparkSession, lake_root, stream, collections)
-    after = [r for r in renames if r.event_id > new.first_event_id]
+    return rebuild_set(late, renames, new.first_event_id)
+
+
+def rebuild_set(late: set[Namespace], renames: list[Rename], oldest: str) -> list[Namespace]:
+    """The collections to rebuild for late events in `late`, given every rename of the stream
+    and the run's oldest new event id: none unless a rename newer than it moved one of them."""
+    after = [r for r in renames if r.event_id > oldest]
     reached = _closure(late, after, forward=True)
     if not any(r.source in reached for r in after):
         return []  # no rename moved what the late events touched: the barriers are right

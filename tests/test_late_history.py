@@ -1,0 +1,38 @@
+"""Which collections a run with late events rebuilds (`late_history.rebuild_set`): fast, pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.transform.late_history import Rename, rebuild_set
+
+pytestmark = pytest.mark.fast
+
+
+def _r(event_id: str, source: str, target: str) -> Rename:
+    return Rename(event_id, ("d", source), ("d", target))
+
+
+def test_no_rename_since_the_late_events_rebuilds_nothing() -> None:
+    # b -> e happened before the run's oldest new event: the late insert's barrier is right.
+    assert rebuild_set({("d", "b")}, [_r("05", "b", "e")], oldest="10") == []
+    assert rebuild_set({("d", "b")}, [], oldest="10") == []
+
+
+def test_a_late_event_follows_later_renames_and_brings_their_sources() -> None:
+    renames = [_r("03", "x", "b"), _r("20", "b", "e"), _r("30", "e", "f"), _r("40", "g", "h")]
+    # b was renamed to e, then e to f, after the late event: b, e and f are rebuilt, with x,
+    # renamed into b before (its rows are part of b's history); g -> h is unrelated.
+    got = rebuild_set({("d", "b")}, renames, oldest="10")
+    assert got == [("d", "b"), ("d", "e"), ("d", "f"), ("d", "x")]
+
+
+def test_a_late_event_in_a_renames_target_stays_behind_its_barrier() -> None:
+    # A late insert into e, older than b -> e: the rename replaced e, so it stays gone.
+    assert rebuild_set({("d", "e")}, [_r("20", "b", "e")], oldest="10") == []
+
+
+def test_a_late_rename_itself_counts() -> None:
+    # The late window holds a -> b; b -> e was folded before: a's rows go on to e.
+    renames = [_r("12", "a", "b"), _r("20", "b", "e")]
+    assert rebuild_set({("d", "a")}, renames, oldest="10") == [("d", "a"), ("d", "b"), ("d", "e")]
