@@ -81,6 +81,16 @@ class TransformState:
             )
         return self._read("change log", query.order_by(_V.c.run))
 
+    def newest_logged_event(self, stream: str) -> str | None:
+        """The newest event id a committed run added to the change log (None: none yet).
+
+        Raises:
+            StateStoreError: the database failed.
+        """
+        query = select(func.max(_V.c.last_event_id)).where(_V.c.stream == stream)
+        with self.store.transaction("change log") as conn:
+            return conn.execute(query).scalar_one_or_none()
+
     def current_runs(self, stream: str, include_pruned: bool = False) -> list[TransformRun]:
         """The runs that wrote `current` (those a reader may travel back to), oldest first.
 

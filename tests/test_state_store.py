@@ -248,6 +248,8 @@ def test_change_log_runs_are_found_by_their_event_id_range(store, make_config):
     assert overlapping("e", "g") == [2, 3]
     assert overlapping("c", "c") == [1] and overlapping("j", "z") == []
     assert [r.run for r in runs.change_log_runs(stream.name)] == [1, 2, 3]
+    assert runs.newest_logged_event(stream.name) == "i"
+    assert runs.newest_logged_event("no-such-stream") is None
 
 
 def test_latest_run_and_latest_current_run_are_the_newest(store, make_config):

@@ -29,7 +29,6 @@ from jobs.transform.change_log import NewEvents
 from jobs.transform.delta_io import is_table
 from jobs.transform.fold import NAMESPACE_OPERATIONS
 from jobs.transform.segments import Namespace
-from state import TransformState
 from tidemark.object_path import LakePath
 
 
@@ -38,12 +37,6 @@ class Rename:
     event_id: str
     source: Namespace
     target: Namespace
-
-
-def newest_logged(tstate: TransformState, stream: str) -> str | None:
-    """The newest event id a committed run logged (None: none yet)."""
-    ends = [r.last_event_id for r in tstate.change_log_runs(stream) if r.last_event_id]
-    return max(ends, default=None)
 
 
 def to_rebuild(

@@ -35,7 +35,7 @@ from jobs.transform.apply import Fold, Folded
 from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
-from jobs.transform.late_history import history, newest_logged, outside, to_rebuild
+from jobs.transform.late_history import history, outside, to_rebuild
 from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
 from state import BatchRecord, CuratedTable, StateStore, TransformRun, TransformState
@@ -259,7 +259,7 @@ def _fold(
     frozen = stream.schema_policy == "freeze"
     # Late events behind a rename: their collections are folded again from their history.
     logs = [(t.db or None, t.coll or None) for t in tstate.tables(stream.name)]
-    newest = newest_logged(tstate, stream.name)
+    newest = tstate.newest_logged_event(stream.name)
     rebuilt = to_rebuild(new, newest, logs + new.namespaces, writer.lake_root, stream.name)
     events, first = new.frame, Folded()
     if rebuilt:
