@@ -76,12 +76,23 @@ def test_an_empty_sub_document_reads_the_same_from_the_first_and_a_later_run(
     assert three[0]["a"] == 1 and three[1] is None, rows
 
 
-def _fold_late(spark, raw_client, store, lake, stream, db_name, since, count):
-    """Replay the first `count` events after `since` (before the stream's start) as a late
-    batch, and fold it."""
-    late = capture_events(raw_client, db_name, None, since, count)
+def _fold_late(spark, raw_client, store, lake, stream, db_name, since, count, skip=0):
+    """Replay `count` events after `since` (before the stream's start), the first `skip` of
+    them left out, as a late batch, and fold it."""
+    late = capture_events(raw_client, db_name, None, since, skip + count)[skip:]
     commit_raw_batch(store, lake, stream.name, late, "replay")
     return transform(spark, store, lake, stream)
+
+
+def _collections_match(spark, raw_client, store, lake, stream, db_name, colls) -> None:
+    """Every collection `current` holds is one of `colls`, and each of those holds exactly
+    what MongoDB does (none: no rows)."""
+    rows = exact_documents(spark, store, lake, stream.name).collect()
+    got: dict[str, dict] = {}
+    for r in rows:
+        got.setdefault(r._tm_coll, {})[r._tm_key] = r._tm_document
+    want = {c: source_state(raw_client, db_name, c) for c in colls}
+    assert got == {c: docs for c, docs in want.items() if docs}
 
 
 def test_a_replayed_rename_into_a_collection_written_since_keeps_one_row_per_key(
@@ -150,6 +161,42 @@ def test_a_replayed_insert_into_a_collection_renamed_away_since_follows_it(
     rows = exact_documents(spark, sqlite_store, lake, stream.name)
     assert {r._tm_coll for r in rows.collect()} == {"e"}
     assert current_state(rows) == source_state(raw_client, db_name, "e")
+
+
+def test_a_rebuild_writes_only_what_it_rebuilds_and_follows_a_window_that_starts_renaming(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name
+):
+    """Two of an adversary's findings about rebuilds (a late event behind a rename):
+    - a rebuild replays its collections' whole history, older renames out of them included,
+      and their targets keep what they hold now (x1 after a delete, x2 after its drop, x3
+      renamed on to y3), never the rows moved there again;
+    - a late window whose oldest event is a rename (c -> a4), after a4 -> e4 was folded,
+      takes c's documents on to e4."""
+    db = client[db_name]
+    before_start = cluster_time(client)
+    for n in (1, 2, 3):  # the first late window: 11 events
+        db[f"b{n}"].insert_many([{"_id": 1}, {"_id": 2}])
+        db[f"b{n}"].rename(f"x{n}")
+    db.c.insert_many([{"_id": 1}, {"_id": 2}])
+    db.c.rename("a4")  # the second window, 4 events, starts here
+    for n in (1, 2, 3):
+        db[f"a{n}"].insert_one({"_id": 100})
+    stream = make_stream(collection=None)  # the whole database
+    drain(stream, raw_client, sqlite_store, lake)
+    db.x1.delete_one({"_id": 1})
+    db.x2.drop()
+    db.x3.rename("y3")
+    for n in (1, 2, 3):
+        db[f"a{n}"].rename(f"b{n}")
+    db.a4.rename("e4")
+    db.e4.insert_one({"_id": 3})
+    drain_until_caught_up(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+
+    _fold_late(spark, raw_client, sqlite_store, lake, stream, db_name, before_start, 11)
+    _fold_late(spark, raw_client, sqlite_store, lake, stream, db_name, before_start, 4, skip=11)
+    names = [f"{p}{n}" for p in "abx" for n in (1, 2, 3)] + ["y3", "c", "a4", "e4"]
+    _collections_match(spark, raw_client, sqlite_store, lake, stream, db_name, names)
 
 
 def _snapshot_rows(frame) -> dict[str, dict]:

@@ -36,3 +36,9 @@ def test_a_late_rename_itself_counts() -> None:
     # The late window holds a -> b; b -> e was folded before: a's rows go on to e.
     renames = [_r("12", "a", "b"), _r("20", "b", "e")]
     assert rebuild_set({("d", "a")}, renames, oldest="10") == [("d", "a"), ("d", "b"), ("d", "e")]
+
+
+def test_a_late_window_that_starts_with_its_rename_follows_the_renames_since() -> None:
+    # The run's oldest event is the late rename c -> a itself; a -> e was folded before.
+    renames = [_r("10", "c", "a"), _r("20", "a", "e")]
+    assert rebuild_set({("d", "c")}, renames, oldest="10") == [("d", "a"), ("d", "c"), ("d", "e")]

@@ -130,6 +130,7 @@ class Fold:
         self.old_layout: set[Namespace] = set()  # typed before `type_rule`: no TM_RESIDUAL
         self.barriers: list[tuple[Any, ...]] = []  # `removed` rows of this run's namespace events
         self.from_history = False  # `rebuild`: every event that removed anything is folded again
+        self.only: set[Namespace] | None = None  # a `rebuild` writes these tables, no other
 
     # -- paths and what is on disk -------------------------------------------------------
 
@@ -185,7 +186,7 @@ class Fold:
     def rebuild(self, history: DataFrame, repeat: bool = False) -> Folded:
         """Fold the whole `history` of this fold's collections (`run_namespaces`) onto their
         tables emptied first, as if no event of theirs had been folded (`late_history`)."""
-        self.from_history = True
+        self.from_history, self.only = True, set(self.run_namespaces)
         self.writer.slots = max(self.writer.slots, FOLD_SLOTS_FROM)
         for ns in self.run_namespaces:
             path, slot = self._current(ns), self.writer.slot()
@@ -392,13 +393,15 @@ class Fold:
     def _rename(self, event: Any) -> None:
         source: Namespace = (event.db, event.coll)
         target: Namespace = (event.to_db, event.to_coll)
-        if self.watched.contains(*target):
+        # A rebuild's rename out of what it rebuilds moved what the target holds already.
+        moves = self.watched.contains(*target) and (self.only is None or target in self.only)
+        if moves:
             self._reach(target)
             self._clear(target, event)
             self._move(source, target, event)
         self._clear(source, event)
         self._barrier(*source, event)
-        if self.watched.contains(*target):
+        if moves:
             self._barrier(*target, event)
 
     def _move(self, source: Namespace, target: Namespace, event: Any) -> None:

@@ -9,9 +9,11 @@ folded after b -> e, carries a's rows on to e. Namespace events folded out of or
 commute, so such a run rebuilds the collections involved from their change logs, in event
 order, onto emptied tables (`apply.Fold.rebuild`), and folds its other events as usual.
 
-Which collections: those of the late events, and those the renames newer than the run's
-oldest new event took them to (`reached`); then every collection ever renamed into one of
-those, whose rows are part of its history. A run with no late event pays nothing (the state
+Which collections: those of the late events, and those the renames since the run's oldest
+new event took them to (`reached`); then every collection ever renamed into one of those, whose
+rows are part of its history. A rebuild writes only these tables: an older rename in their
+history out to another collection moved what that collection already holds (nothing late was
+older than it), so it is not made again there. A run with no late event pays nothing (the state
 store answers: its oldest new event against the newest event earlier runs logged); a run with
 late events reads the renames of the stream's change logs once, and a rebuild reads the whole
 change logs of the collections it rebuilds.
@@ -67,7 +69,7 @@ def to_rebuild(
 def rebuild_set(late: set[Namespace], renames: list[Rename], oldest: str) -> list[Namespace]:
     """The collections to rebuild for late events in `late`, given every rename of the stream
     and the run's oldest new event id: none unless a rename newer than it moved one of them."""
-    after = [r for r in renames if r.event_id > oldest]
+    after = [r for r in renames if r.event_id >= oldest]  # the run's own first event too
     reached = _closure(late, after, forward=True)
     if not any(r.source in reached for r in after):
         return []  # no rename moved what the late events touched: the barriers are right
