@@ -15,7 +15,10 @@ earlier runs removed, exactly as the first attempt did, so it plans the same com
 
 Documents are typed by `type_rule` from each segment's census (`typed_columns`): a new field
 adds a column (Delta schema evolution), a misfit value goes to the residual; no table is
-rewritten for a type, only once if written before that layout or keyed by type (`_rewrite`)."""
+rewritten for a type, only once if written before that layout or keyed by type (`_rewrite`).
+
+Long because the fold is one class whose steps share a run's state: the collections reached,
+the barriers to write, the writer's slots, and what a rebuild may write (`late_history`)."""
 
 from __future__ import annotations
 
