@@ -247,7 +247,8 @@ def _fold(
     repeat: bool,
     large: bool,
 ) -> Folded:
-    known = [(t.db, t.coll) for t in tstate.tables(stream.name) if t.kind == "current"]
+    made = tstate.tables(stream.name)
+    known = [(t.db, t.coll) for t in made if t.kind == "current"]
     facts = EventFacts(
         namespace_events=may_hold(batches, NAMESPACE_OPERATIONS),
         other_keys=new.other_keys,
@@ -258,7 +259,7 @@ def _fold(
     collections = [(db, coll) for db, coll in new.namespaces if db is not None and coll is not None]
     frozen = stream.schema_policy == "freeze"
     # Late events behind a rename: their collections are folded again from their history.
-    logs = [(t.db or None, t.coll or None) for t in tstate.tables(stream.name)]
+    logs = [(t.db or None, t.coll or None) for t in made]
     newest = tstate.newest_logged_event(stream.name)
     rebuilt = to_rebuild(new, newest, logs + new.namespaces, writer.lake_root, stream.name)
     events, first = new.frame, Folded()
