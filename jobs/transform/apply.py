@@ -132,8 +132,8 @@ class Fold:
         self.typed_keys: set[Namespace] = set()  # keyed by type, not value (`KEY_RULE`)
         self.old_layout: set[Namespace] = set()  # typed before `type_rule`: no TM_RESIDUAL
         self.barriers: list[tuple[Any, ...]] = []  # `removed` rows of this run's namespace events
-        self.from_history = False  # `rebuild`: every event that removed anything is folded again
-        self.only: set[Namespace] | None = None  # a `rebuild` writes these tables, no other
+        # A `rebuild`'s tables: it writes no other, and folds every event that removed anything.
+        self.only: set[Namespace] | None = None
 
     # -- paths and what is on disk -------------------------------------------------------
 
@@ -169,7 +169,7 @@ class Fold:
         """`removed` as earlier runs left it (see the module docstring); None in a `rebuild`,
         whose events hold every delete and namespace event that made those rows."""
         path = self._removed()
-        if self.from_history or not is_table(path):
+        if self.only is not None or not is_table(path):
             return None
         table = self.spark.read.format("delta").load(str(path))
         return table.where(F.col(TM_RUN) != F.lit(self.writer.run))
@@ -189,7 +189,7 @@ class Fold:
     def rebuild(self, history: DataFrame, repeat: bool = False) -> Folded:
         """Fold the whole `history` of this fold's collections (`run_namespaces`) onto their
         tables emptied first, as if no event of theirs had been folded (`late_history`)."""
-        self.from_history, self.only = True, set(self.run_namespaces)
+        self.only = set(self.run_namespaces)
         self.writer.slots = max(self.writer.slots, FOLD_SLOTS_FROM)
         for ns in self.run_namespaces:
             path, slot = self._current(ns), self.writer.slot()
