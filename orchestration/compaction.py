@@ -15,7 +15,7 @@ from jobs.transform import compact, delta_debt
 from orchestration.keys import keys, pool
 from orchestration.metadata import compaction_metadata, explained
 from orchestration.resources import LakeResource, SparkResource, StateStoreResource
-from orchestration.table_assets import table_metadata, table_names
+from orchestration.table_assets import TableTranslator, table_metadata
 from tidemark.config import StreamConfig
 
 
@@ -37,8 +37,8 @@ def compaction_job(stream: StreamConfig) -> dg.JobDefinition:
             result = compact(spark.session(), state.store(), lake.path, stream)
             now = [t for t in tables(state.store(), lake.path, stream.name) if t.table == "current"]
         for table in now:
-            db, coll = table.db or "", table.coll or DATABASE_EVENTS
-            key = table_names(stream.name, db, coll, "current").key
+            coll = table.coll or DATABASE_EVENTS
+            key = TableTranslator(stream).key((table.db or "", coll, "current"))
             context.log_event(dg.AssetObservation(asset_key=key, metadata=table_metadata(table)))
         metadata = compaction_metadata(result, debt)
         context.log_event(dg.AssetObservation(asset_key=keys(stream)["curated"], metadata=metadata))
