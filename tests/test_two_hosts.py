@@ -3,8 +3,9 @@
 Each host is a process tree with a host name of its own (a UTS namespace: `unshare -u`, so the
 leases see two machines, as two Dagster code servers or two cron hosts would be) running the
 CLI over and over on the same streams while the source is written to: `tidemark drain --all`
-in a loop, and each host's `tidemark transform --all` at the same moment. The stream's lease
-in the state store is all that keeps them apart. At the end every event is in exactly one
+in a loop, and a `tidemark transform --all` each: host-b's starts while host-a's holds a stream's
+transform lease, so the hosts meet on every run. The stream's lease in the state store is all
+that keeps them apart. At the end every event is in exactly one
 committed batch, the change log holds each once, and each collection's `current` (read with
 delta-rs from S3) equals `find()`."""
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from state import StateStore
+from state.schema import utc_now
 from tests.helpers.delta_reading import current_documents, current_tables, query
 from tests.helpers.lake_reading import committed_table
 from tests.helpers.oracle import source_state
@@ -30,10 +32,13 @@ HOST = r"""
 import json, os, socket, subprocess, sys, time
 socket.sethostname(sys.argv[1])  # in its own UTS namespace: this tree's host name only
 deadline, transform_at = time.time() + float(sys.argv[2]), time.time() + float(sys.argv[3])
+go = sys.argv[4]  # when given: transform only once this file exists (the other host's lease)
 tidemark = os.path.join(os.path.dirname(sys.executable), "tidemark")
 runs, transformed = [], False
-while time.time() < deadline:
+while time.time() < deadline or not transformed:
     if not transformed and time.time() >= transform_at:
+        while go and not os.path.exists(go):
+            time.sleep(0.02)
         command, transformed = "transform", True
     else:
         command = "drain"
@@ -57,14 +62,19 @@ streams:
 
 
 def _host(
-    name: str, env: dict[str, str], seconds: float, transform_after: float, scratch: Path
+    name: str,
+    env: dict[str, str],
+    seconds: float,
+    transform_after: float,
+    scratch: Path,
+    go: Path | None = None,
 ) -> dict:
     """One host: a UTS namespace for its name, and a mount namespace whose /etc/hosts resolves
     that name, as a real machine's does (a JVM looks its own host name up)."""
     hosts = scratch / f"{name}.hosts"
     hosts.write_text(f"127.0.0.1 localhost\n127.0.0.1 {name}\n::1 localhost\n")
     bind = 'mount --bind "$0" /etc/hosts && exec "$@"'
-    host = [sys.executable, "-c", HOST, name, str(seconds), str(transform_after)]
+    host = [sys.executable, "-c", HOST, name, str(seconds), str(transform_after), str(go or "")]
     done = subprocess.run(
         ["unshare", "-u", "-m", "sh", "-c", bind, str(hosts), *host],
         env=env,
@@ -74,6 +84,26 @@ def _host(
     )
     assert done.returncode == 0, f"host {name}: {done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _signal_when_held(state_url: str, host: str, go: Path, holder: threading.Thread) -> None:
+    """Create `go` once `host` holds a transform lease (or once its loop ended, so the other
+    host never waits forever; the test then finds that nobody was refused, and fails)."""
+    store = StateStore(state_url)
+    try:
+        while holder.is_alive():
+            now = utc_now()
+            if any(
+                row["stream"].startswith("transform:")
+                and (row["owner"] or "").startswith(f"{host}:")
+                and row["expires_at"] > now
+                for row in store.lease_rows()
+            ):
+                break
+            time.sleep(0.05)
+    finally:
+        store.close()
+        go.touch()
 
 
 @pytest.mark.slow
@@ -120,16 +150,25 @@ def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
     writer = threading.Thread(target=write)
     writer.start()
     results: dict[str, dict] = {}
+    # host-b transforms only while host-a holds a stream's transform lease, so the two meet
+    # on every run of this test, not only when the machine's load happens to line them up.
+    go = tmp_path / "host-a-holds-a-transform-lease"
+    homes = {h: {**env, "TIDEMARK_HOME": str(tmp_path / h)} for h in ("host-a", "host-b")}
     hosts = [
         threading.Thread(
-            target=lambda h=h: results.update(
-                {h: _host(h, {**env, "TIDEMARK_HOME": str(tmp_path / h)}, 24, 8, tmp_path)}
+            target=lambda: results.update(
+                {"host-a": _host("host-a", homes["host-a"], 24, 8, tmp_path)}
             )
-        )
-        for h in ("host-a", "host-b")
+        ),
+        threading.Thread(
+            target=lambda: results.update(
+                {"host-b": _host("host-b", homes["host-b"], 24, 8, tmp_path, go)}
+            )
+        ),
     ]
     for thread in hosts:
         thread.start()
+    _signal_when_held(pg_schema_url, "host-a", go, hosts[0])
     for thread in hosts:
         thread.join()
     stop.set()
