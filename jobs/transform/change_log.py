@@ -11,9 +11,10 @@ run's own batches are not "already held": a repeat of a killed run must fold the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import reduce
 
 import bsonjs
 import pyarrow as pa
@@ -300,14 +301,27 @@ def with_documents(
     they are."""
     if TM_DOCUMENT in rows.columns:
         return rows
-    events = None
-    paths = [changes_dir(lake_root, stream, *ns) for ns in namespaces]
-    for path in (p for p in paths if is_table(p)):
-        log = spark.read.format("delta").load(str(path)).where(F.col("full_document").isNotNull())
-        log = log.select(
+
+    def documents(_: LakePath, log: DataFrame) -> DataFrame:
+        return log.where(F.col("full_document").isNotNull()).select(
             F.col("event_id").alias(TM_EVENT_ID), F.col("full_document").alias(TM_DOCUMENT)
         )
-        events = log if events is None else events.unionByName(log)
+
+    paths = [changes_dir(lake_root, stream, *ns) for ns in namespaces]
+    events = read_logs(spark, paths, documents)
     if events is None:
         return rows.withColumn(TM_DOCUMENT, F.lit(None).cast("string"))
     return rows.join(events, TM_EVENT_ID, "left")
+
+
+def read_logs(
+    spark: SparkSession,
+    paths: list[LakePath],
+    shape: Callable[[LakePath, DataFrame], DataFrame] = lambda _, log: log,
+) -> DataFrame | None:
+    """The change logs at `paths` that exist, each `shape`d, as one frame (columns matched by
+    name; one a log lacks is null there). None when no log exists."""
+    logs = [shape(p, spark.read.format("delta").load(str(p))) for p in paths if is_table(p)]
+    if not logs:
+        return None
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), logs)

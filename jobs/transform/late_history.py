@@ -27,8 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from jobs.curated_zone import changes_dir
-from jobs.transform.change_log import NewEvents
-from jobs.transform.delta_io import is_table
+from jobs.transform.change_log import NewEvents, read_logs
 from jobs.transform.fold import NAMESPACE_OPERATIONS
 from jobs.transform.segments import Namespace
 from tidemark.object_path import LakePath
@@ -94,33 +93,18 @@ def _closure(start: set[Namespace], renames: list[Rename], forward: bool) -> set
 
 def _renames(spark, lake_root: LakePath, stream: str, logs: list[Namespace]) -> list[Rename]:
     """Every rename in the collections' change logs (a rename is logged by its source)."""
-    frames = [
-        spark.read.format("delta")
-        .load(str(path))
-        .where(F.col("operation_type") == "rename")
-        .select("event_id", "db", "coll", "to_db", "to_coll")
-        for path in (changes_dir(lake_root, stream, *ns) for ns in logs)
-        if is_table(path)
-    ]
-    if not frames:
-        return []
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
+
+    def renames(_: LakePath, log: DataFrame) -> DataFrame:
+        shape = ("event_id", "db", "coll", "to_db", "to_coll")
+        return log.where(F.col("operation_type") == "rename").select(*shape)
+
+    paths = [changes_dir(lake_root, stream, *ns) for ns in logs]
+    found = read_logs(spark, paths, renames)
     return [
         Rename(r.event_id, (r.db, r.coll), (r.to_db, r.to_coll))
-        for r in union.collect()
+        for r in (found.collect() if found is not None else [])
         if r.to_db is not None and r.to_coll is not None
     ]
-
-
-def outside(events: DataFrame, namespaces: list[Namespace]) -> DataFrame:
-    """`events` but those of `namespaces` (a database's or the stream's own events stay)."""
-    inside = F.lit(False)
-    for db, coll in namespaces:
-        ours = F.col("db").eqNullSafe(F.lit(db)) & F.col("coll").eqNullSafe(F.lit(coll))
-        inside = inside | ours
-    return events.where(~inside)
 
 
 def history(
@@ -128,21 +112,14 @@ def history(
 ) -> DataFrame | None:
     """Every event of `namespaces` from their change logs, with the namespace events of their
     databases (a drop) and of the stream (a snapshot's start) that cover them."""
-    parts: list[DataFrame] = []
     own = [changes_dir(lake_root, stream, *ns) for ns in namespaces]
     databases = sorted({db for db, _ in namespaces})
     covering = [changes_dir(lake_root, stream, db, None) for db in databases]
     covering.append(changes_dir(lake_root, stream, None, None))
-    for path in own + covering:
-        if not is_table(path):
-            continue
-        frame = spark.read.format("delta").load(str(path))
+
+    def shape(path: LakePath, log: DataFrame) -> DataFrame:
         if path in covering:
-            frame = frame.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
-        parts.append(frame)
-    if not parts:
-        return None
-    union = parts[0]
-    for frame in parts[1:]:
-        union = union.unionByName(frame, allowMissingColumns=True)
-    return union
+            return log.where(F.col("operation_type").isin(NAMESPACE_OPERATIONS))
+        return log
+
+    return read_logs(spark, own + covering, shape)

@@ -35,7 +35,8 @@ from jobs.transform.apply import Fold, Folded
 from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
-from jobs.transform.late_history import history, outside, to_rebuild
+from jobs.transform.late_history import history, to_rebuild
+from jobs.transform.segments import matching
 from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
 from state import BatchRecord, CuratedTable, StateStore, TransformRun, TransformState
@@ -270,7 +271,8 @@ def _fold(
         fold = Fold(writer, watched, ours, again, rebuilt, frozen)
         first = fold.rebuild(past, repeat) if past is not None else first
         known = sorted({*known, *first.tables})
-        events = outside(events, rebuilt)
+        # The rest: a database's or the stream's own events stay (their collection is null).
+        events = events.where(~matching([Watched(*ns) for ns in rebuilt], "db", "coll"))
         collections = [ns for ns in collections if ns not in rebuilt]
     folded = Fold(writer, watched, known, facts, collections, frozen).run(events, repeat)
     return first.joined(folded)

@@ -56,15 +56,17 @@ def in_scope(ns: Namespace, scope: Scope) -> bool:
     return any(part.contains(*ns) for part in scope)
 
 
-def matching(scope: Scope) -> Column:
-    """`in_scope` as a condition on keyed events."""
+def matching(scope: Scope, db: str = TM_DB, coll: str = TM_COLL) -> Column:
+    """`in_scope` as a condition on events whose namespace is in columns `db` and `coll`
+    (keyed events' by default; the raw events' are `db` and `coll`). Never null: an event
+    whose collection is null (a database's drop) is simply not a collection's."""
     either = F.lit(False)
     for part in scope:
         one = F.lit(True)
         if part.database is not None:
-            one = one & (F.col(TM_DB) == F.lit(part.database))
+            one = one & F.col(db).eqNullSafe(F.lit(part.database))
         if part.collection is not None:
-            one = one & (F.col(TM_COLL) == F.lit(part.collection))
+            one = one & F.col(coll).eqNullSafe(F.lit(part.collection))
         either = either | one
     return either
 
