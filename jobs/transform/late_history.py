@@ -9,14 +9,12 @@ folded after b -> e, carries a's rows on to e. Namespace events folded out of or
 commute, so such a run rebuilds the collections involved from their change logs, in event
 order, onto emptied tables (`apply.Fold.rebuild`), and folds its other events as usual.
 
-Which collections: those of the late events, and those the renames since the run's oldest
-new event took them to (`reached`); then every collection ever renamed into one of those, whose
-rows are part of its history. A rebuild writes only these tables: an older rename in their
-history out to another collection moved what that collection already holds (nothing late was
-older than it), so it is not made again there. A run with no late event pays nothing (the state
-store answers: its oldest new event against the newest event earlier runs logged); a run with
-late events reads the renames of the stream's change logs once, and a rebuild reads the whole
-change logs of the collections it rebuilds.
+Which collections: see `rebuild_set`. A rebuild writes only these tables: an older rename in
+their history out to another collection moved what that collection already holds (nothing late
+was older than it), so it is not made again there. A run with no late event pays nothing (the
+state store answers: its oldest new event against the newest event earlier runs logged); a run
+with late events reads the renames of the stream's change logs once, and a rebuild reads the
+whole change logs of the collections it rebuilds.
 """
 
 from __future__ import annotations
@@ -52,41 +50,55 @@ def to_rebuild(
     if newest is None or new.first_event_id >= newest:
         return []  # nothing older than what was folded: no late event
     collections = sorted({(db, coll) for db, coll in logs if db is not None and coll is not None})
-    late: set[Namespace] = set()
-    found = new.frame.where(F.col("event_id") < F.lit(newest)).select("db", "coll").distinct()
+    late: dict[Namespace, str] = {}  # per collection, its oldest late event
+
+    def touch(ns: Namespace, event_id: str) -> None:
+        late[ns] = min(late.get(ns, event_id), event_id)
+
+    found = (
+        new.frame.where(F.col("event_id") < F.lit(newest))
+        .groupBy("db", "coll")
+        .agg(F.min("event_id").alias("oldest"))
+    )
     for row in found.collect():
         if row.db is None:  # the stream's own (a snapshot's start): every collection
-            late.update(collections)
+            covered = collections
         elif row.coll is None:  # a database's own (its drop): its collections
-            late.update(ns for ns in collections if ns[0] == row.db)
+            covered = [ns for ns in collections if ns[0] == row.db]
         else:
-            late.add((row.db, row.coll))
+            covered = [(row.db, row.coll)]
+        for ns in covered:
+            touch(ns, row.oldest)
     renames = _renames(new.frame.sparkSession, lake_root, stream, collections)
-    return rebuild_set(late, renames, new.first_event_id)
+    return rebuild_set(late, renames)
 
 
-def rebuild_set(late: set[Namespace], renames: list[Rename], oldest: str) -> list[Namespace]:
-    """The collections to rebuild for late events in `late`, given every rename of the stream
-    and the run's oldest new event id: none unless a rename newer than it moved one of them."""
-    after = [r for r in renames if r.event_id >= oldest]  # the run's own first event too
-    reached = _closure(late, after, forward=True)
-    if not any(r.source in reached for r in after):
-        return []  # no rename moved what the late events touched: the barriers are right
-    return sorted(_closure(reached, renames, forward=False))
+def rebuild_set(late: dict[Namespace, str], renames: list[Rename]) -> list[Namespace]:
+    """The collections to rebuild for late events (`late`: each collection's oldest), given
+    every rename of the stream: the collections a rename newer than a collection's oldest late
+    event moved rows from or to (the rename's own event counts: a late rename moves what it
+    renames), and on from there, and every collection ever renamed into one of those."""
+    reached = dict(late)  # per collection, since when it holds what the late events touched
+    moved: set[Namespace] = set()  # the collections such a rename took rows from or to
+    for rename in sorted(renames, key=lambda r: r.event_id):  # documents move in time order
+        since = reached.get(rename.source)
+        if since is not None and rename.event_id >= since:
+            arrived = reached.get(rename.target, rename.event_id)
+            reached[rename.target] = min(arrived, rename.event_id)
+            moved.update((rename.source, rename.target))
+    # None moved: the barriers are right. A late collection no rename moved folds as usual.
+    return sorted(_closure(moved, renames)) if moved else []
 
 
-def _closure(start: set[Namespace], renames: list[Rename], forward: bool) -> set[Namespace]:
-    """`start` and what `renames` link to it: their targets (`forward`) or their sources."""
+def _closure(start: set[Namespace], renames: list[Rename]) -> set[Namespace]:
+    """`start` and every collection `renames` brought rows into it from, at any depth."""
     found = set(start)
     grew = True
     while grew:
         grew = False
         for rename in renames:
-            known, other = (
-                (rename.source, rename.target) if forward else (rename.target, rename.source)
-            )
-            if known in found and other not in found:
-                found.add(other)
+            if rename.target in found and rename.source not in found:
+                found.add(rename.source)
                 grew = True
     return found
 
