@@ -2,12 +2,12 @@
 
 Each host is a process tree with a host name of its own (a UTS namespace: `unshare -u`, so the
 leases see two machines, as two Dagster code servers or two cron hosts would be) running the
-CLI over and over on the same streams while the source is written to: `tidemark drain --all`
-in a loop, and a `tidemark transform --all` each: host-b's starts while host-a's holds a stream's
-transform lease, so the hosts meet on every run. The stream's lease in the state store is all
-that keeps them apart. At the end every event is in exactly one
-committed batch, the change log holds each once, and each collection's `current` (read with
-delta-rs from S3) equals `find()`."""
+CLI over and over on the same streams while the source is written to: `tidemark drain --all` in
+a loop, and a `tidemark transform --all` each: host-b's asks for a stream's transform lease
+while host-a's holds it, so the hosts meet on every run. The stream's lease in the state store
+is all that keeps them apart. At the end every event is in exactly one committed batch, the
+change log holds each once, and each collection's `current` (read with delta-rs from S3) equals
+`find()`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from state import StateStore
+from state.leases import lease_name
 from state.schema import utc_now
 from tests.helpers.delta_reading import current_documents, current_tables, query
 from tests.helpers.lake_reading import committed_table
@@ -29,25 +30,39 @@ from tests.helpers.oracle import source_state
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = r"""
-import json, os, socket, subprocess, sys, time
+import contextlib, io, json, os, socket, subprocess, sys, time
 socket.sethostname(sys.argv[1])  # in its own UTS namespace: this tree's host name only
 deadline, transform_at = time.time() + float(sys.argv[2]), time.time() + float(sys.argv[3])
-go = sys.argv[4]  # when given: transform only once this file exists (the other host's lease)
+go = sys.argv[4]  # when given: transform once this file exists (the other host holds a lease)
 tidemark = os.path.join(os.path.dirname(sys.executable), "tidemark")
+if go:  # imported now, so the transform asks for its lease a moment after `go` appears
+    import jobs.transform
+    from tidemark.cli.commands import main
+
+
+def in_process():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["transform", "--all"])
+    return code, out.getvalue(), err.getvalue()
+
+
 runs, transformed = [], False
 while time.time() < deadline or not transformed:
     if not transformed and time.time() >= transform_at:
-        while go and not os.path.exists(go):
-            time.sleep(0.02)
         command, transformed = "transform", True
+        while go and not os.path.exists(go):
+            time.sleep(0.01)
     else:
         command = "drain"
-    done = subprocess.run([tidemark, command, "--all"], capture_output=True, text=True)
+    if go and command == "transform":
+        code, out, err = in_process()
+    else:
+        done = subprocess.run([tidemark, command, "--all"], capture_output=True, text=True)
+        code, out, err = done.returncode, done.stdout, done.stderr
     # The head of stderr names a JVM's own failure; its tail, Tidemark's paragraph.
-    err = done.stderr
     err = err if len(err) <= 3000 else err[:1500] + " ... " + err[-1500:]
-    runs.append({"command": command, "code": done.returncode, "out": done.stdout[-1500:],
-                 "err": err})
+    runs.append({"command": command, "code": code, "out": out[-1500:], "err": err})
 print(json.dumps({"host": socket.gethostname(), "runs": runs}))
 """
 STREAMS = """\
@@ -87,20 +102,22 @@ def _host(
 
 
 def _signal_when_held(state_url: str, host: str, go: Path, holder: threading.Thread) -> None:
-    """Create `go` once `host` holds a transform lease (or once its loop ended, so the other
-    host never waits forever; the test then finds that nobody was refused, and fails)."""
+    """Create `go` once `host` holds the transform lease of `orders`, the first stream its
+    `--all` folds: it took it just before starting its Spark session, so it keeps it for
+    seconds. (Or once its loop ended, so the other host never waits forever; the test then
+    finds host-b's transform was not turned away, and fails.)"""
     store = StateStore(state_url)
     try:
         while holder.is_alive():
             now = utc_now()
             if any(
-                row["stream"].startswith("transform:")
+                row["stream"] == lease_name("orders", "transform")
                 and (row["owner"] or "").startswith(f"{host}:")
                 and row["expires_at"] > now
                 for row in store.lease_rows()
             ):
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
     finally:
         store.close()
         go.touch()
@@ -150,8 +167,8 @@ def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
     writer = threading.Thread(target=write)
     writer.start()
     results: dict[str, dict] = {}
-    # host-b transforms only while host-a holds a stream's transform lease, so the two meet
-    # on every run of this test, not only when the machine's load happens to line them up.
+    # host-b's transform asks for `orders` while host-a holds it (and host-a then finds `items`
+    # taken), so the two meet on every run of this test, whatever the machine's load.
     go = tmp_path / "host-a-holds-a-transform-lease"
     homes = {h: {**env, "TIDEMARK_HOME": str(tmp_path / h)} for h in ("host-a", "host-b")}
     hosts = [
@@ -184,10 +201,13 @@ def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
         assert done.returncode == 0, done.stdout + done.stderr
 
     assert {r["host"] for r in results.values()} == {"host-a", "host-b"}
-    refused = [r for result in results.values() for r in result["runs"] if r["code"] != 0]
-    print(f"runs: {sum(len(r['runs']) for r in results.values())}, refused: {len(refused)}")
-    # The hosts did overlap on a stream, and the lease turned one away.
-    assert refused, "no run was refused: the hosts never met, so nothing was tested"
+    runs = [r for result in results.values() for r in result["runs"]]
+    # Turned away by the other host's lease: a drain fails, `--all` skips that stream's transform.
+    refused = [r for r in runs if r["code"] != 0 or "lease held" in r["out"]]
+    print(f"runs: {len(runs)}, refused: {len(refused)}")
+    # The hosts met: host-b's transform asked for `orders` while host-a held it.
+    (transform_b,) = [r for r in results["host-b"]["runs"] if r["command"] == "transform"]
+    assert "lease held by host-a:" in transform_b["out"], transform_b
     for host, result in results.items():
         drains = [r for r in result["runs"] if r["command"] == "drain"]
         # Each host did real work; a refusal is only ever the other host's lease.
