@@ -35,14 +35,11 @@ endif
 demo: check-java install $(DEMO_SERVERS)
 	$(BIN)/tidemark demo
 
-# Three pytest-xdist workers on two cores, the own_servers tests grouped on one
-# (tests/conftest.py): many tests wait on mongod, Dagster or a browser part of the time, and a
-# third worker fills those waits (the suite took 36.9 min on three workers against 49.7 on two,
-# both on this machine kind). The run ends with the slowest tests and a table of where the time
-# went (tests/helpers/suite_time.py). Further seeds of a test (`repeat`) are left to `make soak`.
-TEST_WORKERS ?= 3
+# Two pytest-xdist workers, the own_servers tests grouped on one (tests/conftest.py). The run
+# ends with the slowest tests and a table of where the time went
+# (tests/helpers/suite_time.py). Further seeds of a test (`repeat`) are left to `make soak`.
 test: check-java install browser postgres
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m 'not repeat'
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=15 -m 'not repeat'
 
 # The fast tier: the tests marked `fast`, which need no mongod and no Spark (seconds, not minutes).
 test-fast: install
@@ -51,7 +48,7 @@ test-fast: install
 # The further seeds CI leaves out (`repeat`), then the torture harness for as long as you like:
 # make soak [SEED=N] [MINUTES=M] (prints a table).
 soak: check-java install
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m repeat
+	$(BIN)/pytest -n 2 --dist loadgroup -m repeat
 	$(BIN)/python scripts/soak.py $(if $(SEED),--seed $(SEED)) --minutes $(or $(MINUTES),10)
 
 # Headless Chromium for the end-to-end UI test: installed from Debian's packages when missing
