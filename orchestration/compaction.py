@@ -36,9 +36,10 @@ def compaction_job(stream: StreamConfig) -> dg.JobDefinition:
             debt = delta_debt(state.store(), stream.name)
             result = compact(spark.session(), state.store(), lake.path, stream)
             now = [t for t in tables(state.store(), lake.path, stream.name) if t.table == "current"]
+        translator = TableTranslator(stream)
         for table in now:
             coll = table.coll or DATABASE_EVENTS
-            key = TableTranslator(stream).key((table.db or "", coll, "current"))
+            key = translator.key((table.db or "", coll, "current"))
             context.log_event(dg.AssetObservation(asset_key=key, metadata=table_metadata(table)))
         metadata = compaction_metadata(result, debt)
         context.log_event(dg.AssetObservation(asset_key=keys(stream)["curated"], metadata=metadata))

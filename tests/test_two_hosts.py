@@ -170,18 +170,13 @@ def test_two_hosts_never_run_a_stream_at_once_and_each_event_lands_once(
     # host-b's transform asks for `orders` while host-a holds it (and host-a then finds `items`
     # taken), so the two meet on every run of this test, whatever the machine's load.
     go = tmp_path / "host-a-holds-a-transform-lease"
-    homes = {h: {**env, "TIDEMARK_HOME": str(tmp_path / h)} for h in ("host-a", "host-b")}
     hosts = [
         threading.Thread(
-            target=lambda: results.update(
-                {"host-a": _host("host-a", homes["host-a"], 24, 8, tmp_path)}
+            target=lambda h=h, g=g: results.update(
+                {h: _host(h, {**env, "TIDEMARK_HOME": str(tmp_path / h)}, 24, 8, tmp_path, g)}
             )
-        ),
-        threading.Thread(
-            target=lambda: results.update(
-                {"host-b": _host("host-b", homes["host-b"], 24, 8, tmp_path, go)}
-            )
-        ),
+        )
+        for h, g in (("host-a", None), ("host-b", go))
     ]
     for thread in hosts:
         thread.start()

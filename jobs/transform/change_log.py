@@ -317,7 +317,7 @@ def with_documents(
 def read_logs(
     spark: SparkSession,
     paths: list[LakePath],
-    shape: Callable[[LakePath, DataFrame], DataFrame] = lambda _, log: log,
+    shape: Callable[[LakePath, DataFrame], DataFrame],
 ) -> DataFrame | None:
     """The change logs at `paths` that exist, each `shape`d, as one frame (columns matched by
     name; one a log lacks is null there). None when no log exists."""
