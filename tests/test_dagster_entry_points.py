@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from state import StateStore
+from tests.helpers.serving import alive, answers, descendants, wait_until_answers
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).parent / "dagster"
@@ -118,42 +119,6 @@ def _newest_current(store: StateStore):
     return store.transforms.latest_current_run("orders")
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process under `pid`, from /proc's parent links."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _answers(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 def test_tidemark_ui_stop_ends_the_whole_dagster_dev_started_in_the_background(tmp_path):
     from resources.processes import free_port
@@ -174,12 +139,8 @@ def test_tidemark_ui_stop_ends_the_whole_dagster_dev_started_in_the_background(t
     )
     started: set[int] = set()
     try:
-        deadline = time.monotonic() + 240  # a hang guard, not a measurement
-        while not _answers(port):
-            if ui.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError((tmp_path / "ui.log").read_text()[-3000:])
-            time.sleep(1)
-        started = _descendants(ui.pid)
+        wait_until_answers(f"http://127.0.0.1:{port}/server_info", ui, tmp_path / "ui.log")
+        started = descendants(ui.pid)
         assert started, "dagster dev runs as a child of tidemark ui"
 
         stop = subprocess.run(
@@ -188,14 +149,14 @@ def test_tidemark_ui_stop_ends_the_whole_dagster_dev_started_in_the_background(t
         assert stop.returncode == 0, stop.stderr
         assert "Dagster UI stopped" in stop.stdout
         assert ui.wait(timeout=120) == 0  # `tidemark ui` itself ends with its server
-        assert not _answers(port)
-        assert [pid for pid in started if _alive(pid)] == []
+        assert not answers(f"http://127.0.0.1:{port}/server_info")
+        assert [pid for pid in started if alive(pid)] == []
         again = subprocess.run(
             [tidemark, "ui", "stop"], env=env, cwd=ROOT, capture_output=True, text=True
         )
         assert "no Dagster UI was running" in again.stdout
     finally:
-        for pid in started | _descendants(ui.pid):
+        for pid in started | descendants(ui.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         ui.kill()
