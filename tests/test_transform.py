@@ -438,6 +438,45 @@ def test_a_run_killed_under_the_older_fold_plan_is_repeated_whole_by_this_one(
     assert {r._tm_key: r._tm_document for r in rows} == source_state(raw_client, db_name, "a")
 
 
+def test_a_run_killed_under_the_plan_that_folded_empty_segments_is_repeated_whole(
+    spark, client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
+):
+    """An upgrade between a kill and its repeat, from the plan that folded every segment, empty
+    ones too (each took a commit number): replayed by making no segment empty and numbering
+    from 500_000. The drops of c and d (no event of theirs in the run) make two empty segments
+    before a's MERGE and the clear of a's drop; the kill falls between those two. Numbered from
+    the same base, this version's clear would take the killed run's MERGE's number, be skipped
+    as made, and leave a's dropped rows."""
+    stream = make_stream(collection=None)
+    drain(stream, raw_client, sqlite_store, lake)
+    db = client[db_name]
+    for name in ("a", "c", "d"):
+        db[name].insert_many([{"_id": i, "n": 0} for i in range(4)])
+    drain(stream, raw_client, sqlite_store, lake)
+    transform(spark, sqlite_store, lake, stream)
+    db.c.drop()
+    db.d.drop()
+    db.a.update_many({}, {"$set": {"n": 1}})
+    db.a.drop()
+    db.a.insert_one({"_id": 10})
+    drain(stream, raw_client, sqlite_store, lake)
+
+    def kill_after_the_first(when: str, path, slot: int) -> None:
+        if when == "after" and path == current_dir(lake, stream.name, db_name, "a"):
+            raise _Killed(f"killed after {path} at {slot}")
+
+    monkeypatch.setattr("jobs.transform.segments.Segments.empty", lambda *_, **__: False)
+    monkeypatch.setattr("jobs.transform.apply.FOLD_SLOTS_FROM", 500_000)
+    monkeypatch.setattr("jobs.transform.delta_io.COMMIT_HOOK", kill_after_the_first)
+    with pytest.raises(_Killed):
+        transform(spark, sqlite_store, lake, stream)
+    monkeypatch.undo()
+    spark.conf.unset(MARK)  # a real kill takes the session with it
+    assert transform(spark, sqlite_store, lake, stream).repeated
+    rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
+    assert {r._tm_key: r._tm_document for r in rows} == source_state(raw_client, db_name, "a")
+
+
 @pytest.mark.parametrize("how", ["drop", "rename"])
 @pytest.mark.parametrize("policy", ["stop", "continue"])
 def test_on_invalidate_stops_or_follows_the_recreated_collection(

@@ -80,6 +80,7 @@ from jobs.transform.segments import (
     matching,
     namespace_events,
     scope_of,
+    spans_of,
 )
 from jobs.transform.type_rule import add_changes, schema_changes, schema_from, schema_frozen
 from jobs.transform.typed_columns import DELETED, run_census, run_censuses, with_typed_columns
@@ -203,13 +204,20 @@ class Fold:
         self._rekey_removed(self.writer.slot())
         keyed = keyed_events(events, self.facts)
         segments = Segments()  # each collection's events between its own namespace events
-        for event in namespace_events(events) if self.facts.namespace_events else []:
+        found = namespace_events(events) if self.facts.namespace_events else []
+        # The run's one collection gets its table even from a segment with no rows.
+        always = len(self.run_namespaces) == 1
+        if found and not always:
+            segments.spans = spans_of(keyed)
+        for event in found:
             scope = scope_of(event, self.watched)
-            self._segment(segments.due(keyed, event.event_id, scope), scope)
+            if always or not segments.empty(event.event_id, scope):
+                self._segment(segments.due(keyed, event.event_id, scope), scope)
             self._namespace_event(event)
             reached = sorted({*self.namespaces, *self.run_namespaces})
             segments.passed(reached, scope, event.event_id)
-        self._segment(segments.due(keyed))
+        if always or not segments.empty():
+            self._segment(segments.due(keyed))
         self._write_barriers()
         return self.result
 

@@ -32,7 +32,7 @@ from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
 from jobs.raw_zone import SNAPSHOT_START
 from jobs.transform.apply import Fold, Folded
-from jobs.transform.change_log import NewEvents, large_events, log_new_events, sized_for
+from jobs.transform.change_log import NewEvents, held, large_events, log_new_events, sized_for
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
 from jobs.transform.late_history import history, to_rebuild
@@ -266,6 +266,8 @@ def _fold(
     events, first = new.frame, Folded()
     if rebuilt:
         past = history(writer.spark, writer.lake_root, stream.name, rebuilt)
+        # Read from the change logs once: each of the rebuild's segments reads it.
+        past = held(past, large) if past is not None else None
         ours = [ns for ns in known if ns in rebuilt]
         again = EventFacts(large=large)  # the whole history: assume nothing of it
         fold = Fold(writer, watched, ours, again, rebuilt, frozen)

@@ -6,8 +6,11 @@ The fold keeps each key's newest event and a namespace event clears only its own
 stretches of a collection's events with no namespace event of that collection between them fold
 as one: a database stream's run folds each collection once, plus once per namespace event that
 touches it, where folding every collection at every namespace event cost a MERGE per
-collection per namespace event. The plan is a function of the run's events, so a repeat of a
-killed run plans the same steps (a run killed under the plan before this one: FOLD_SLOTS_FROM).
+collection per namespace event. A segment that holds no event of any collection is skipped
+before any Spark job, from each collection's span of event ids (`spans_of`): a database stream
+whose run renames or drops many collections pays for the segments that hold events, not for
+every namespace event. The plan is a function of the run's events, so a repeat of a killed run
+plans the same steps (a run killed under an earlier plan: FOLD_SLOTS_FROM).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from jobs.transform.fold import NAMESPACE_OPERATIONS, Watched
 
 Namespace = tuple[str, str]
 # The fold's commits are numbered from here (`delta_io.RunWriter.slot`), one base per plan: a run
-# killed under the plan before this one (whose fold steps went on from its change log's numbers)
-# is repeated with each fold step made again, each idempotent (a MERGE takes newer events only, a
-# clear deletes below its barrier), never skipped by a number that meant another step there.
-FOLD_SLOTS_FROM = 500_000
+# killed under an earlier plan is repeated with each fold step made again, each idempotent (a
+# MERGE takes newer events only, a clear deletes below its barrier), never skipped by a number
+# that meant another step there. The plans so far: fold steps numbered on from the change log's
+# (before segments); 500_000, every segment folded, empty or not; 600_000, empty ones skipped.
+FOLD_SLOTS_FROM = 600_000
+Span = tuple[str, str]  # the oldest and newest event id of a collection's keyed events
 Scope = list[Watched]  # the namespaces a namespace event touches
 
 
@@ -71,11 +76,35 @@ def matching(scope: Scope, db: str = TM_DB, coll: str = TM_COLL) -> Column:
     return either
 
 
+def spans_of(keyed: DataFrame) -> dict[Namespace, Span]:
+    """Per collection, the span of its keyed events' ids (one small job over held events)."""
+    rows = (
+        keyed.groupBy(TM_DB, TM_COLL)
+        .agg(F.min(TM_EVENT_ID).alias("oldest"), F.max(TM_EVENT_ID).alias("newest"))
+        .collect()
+    )
+    return {(r[TM_DB], r[TM_COLL]): (r.oldest, r.newest) for r in rows}
+
+
 @dataclass
 class Segments:
-    """Per collection, the event id of the last namespace event its events were folded up to."""
+    """Per collection, the event id of the last namespace event its events were folded up to;
+    with `spans` (`spans_of` the run's keyed events), which segments hold none."""
 
     folded_to: dict[Namespace, str] = field(default_factory=dict)
+    spans: dict[Namespace, Span] | None = None  # None: any segment may hold events
+
+    def empty(self, before: str | None = None, scope: Scope | None = None) -> bool:
+        """True when `due(..., before, scope)` holds no event, known without a Spark job."""
+        if self.spans is None:
+            return False
+        for ns, (oldest, newest) in self.spans.items():
+            outside = scope is not None and not in_scope(ns, scope)
+            later = before is not None and oldest >= before
+            folded = ns in self.folded_to and newest <= self.folded_to[ns]
+            if not (outside or later or folded):
+                return False
+        return True
 
     def due(
         self, keyed: DataFrame, before: str | None = None, scope: Scope | None = None
