@@ -87,9 +87,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
-# Under pytest-xdist (`make test` runs two workers), the tests that start a JVM, Connect
-# server, cluster or multi-gigabyte process of their own run on one worker, one at a time:
-# two at once on two cores would each take twice as long and risk their timeouts. The rest
+# Under pytest-xdist (`make test` runs three workers on two cores), the tests that start a JVM,
+# Connect server, cluster or multi-gigabyte process of their own run on one worker, one at a
+# time: two at once on two cores would each take twice as long and risk their timeouts. The rest
 # (mostly waiting on mongod, Dagster's processes, a browser) runs beside them.
 OWN_SERVERS_GROUP = "own_servers"
 
