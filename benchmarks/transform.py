@@ -6,9 +6,11 @@
 The production shape: a long-lived Spark Connect server (`tidemark spark start`, the default
 2 GB driver) and each run a whole `tidemark transform` process, timed from its start to its
 exit. One collection of ~0.7 KB documents: `--documents` inserts (the first load), then for
-each of `--changes` that many updates of random documents. Each step runs once, then `--warm`
-more times from the same state (the state store and the curated tables copied back), so the
-table gives the first run and the warm median. A quiet run (nothing new) is timed too.
+each of `--changes` that many updates of random documents, then for each of `--inserts` that
+many new documents (an insert-only change: an append-only collection's runs). Each step runs
+once, then `--warm` more times from the same state (the state store and the curated tables
+copied back), so the table gives the first run and the warm median. A quiet run (nothing
+new) is timed too.
 
 Beside them, on the same Spark and in the same sitting, the anchor: a plain full recompute of
 `current` from the `changes` tables (the newest event per key, typed columns, written as a new
@@ -138,6 +140,8 @@ def run(args: argparse.Namespace) -> str:
             rng = random.Random(args.seed)
             filler = max(0, int(args.doc_kb * 1024) - 420)
             plan = [("load", args.documents)] + [("fold", n) for n in args.changes]
+            plan += [("insert", n) for n in args.inserts]
+            next_id = args.documents
             for kind, count in plan:
                 print(f"{kind}: writing {count:,} changes ...", file=sys.stderr, flush=True)
                 if kind == "load":
@@ -148,14 +152,19 @@ def run(args: argparse.Namespace) -> str:
                                 for n in range(start, min(start + 5000, count))
                             ]
                         )
+                elif kind == "insert":
+                    client.bench.orders.insert_many(
+                        [document(rng, n, filler) for n in range(next_id, next_id + count)]
+                    )
+                    next_id += count
                 else:
                     _updates(client, count, args.documents, rng)
                 drained = drain_until_caught_up(stream, raw, home.store, home.lake)
-                label = (
-                    f"first load of {count:,} documents"
-                    if kind == "load"
-                    else f"{count:,} updates into {args.documents:,}"
-                )
+                label = {
+                    "load": f"first load of {count:,} documents",
+                    "fold": f"{count:,} updates into {args.documents:,}",
+                    "insert": f"{count:,} inserts into {args.documents:,}",
+                }[kind]
                 home.keep()
                 step = Step(label, drained, 0.0)
                 for attempt in range(1 + args.warm):
@@ -258,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--changes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--inserts", type=int, nargs="*", default=[1_000])
     parser.add_argument("--doc-kb", type=float, default=0.7)
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--seed", type=int, default=3)

@@ -54,12 +54,15 @@ def test_transform_benchmark_smoke():
         "2000",
         "--changes",
         "300",
+        "--inserts",
+        "100",
         "--warm",
         "1",
     )
     assert "warm s (median of 1)" in out
     assert "| first load of 2,000 documents | 2,000 | 2,000 |" in out
     assert "| 300 updates into 2,000 | 300 | 2,000 |" in out
+    assert "| 100 inserts into 2,000 | 100 | 2,100 |" in out
     assert "| a quiet run (nothing new) | 0 |" in out
     assert "| anchor: full recompute of current from changes |" in out
     assert "x the typed columns alone" in out

@@ -151,7 +151,6 @@ class RunWriter:
     run: int
     baseline: dict[LakePath, int] = field(default_factory=dict)  # versions the store records
     slots: int = 0
-    written: set[LakePath] = field(default_factory=set)  # tables this run committed to (or skipped)
     vectors_from: int = 0  # bytes from which a table gets deletion vectors (0: from its start)
 
     def new_table(self, properties: dict[str, str]) -> dict[str, str]:
@@ -202,7 +201,6 @@ class RunWriter:
     @contextmanager
     def _marked(self, path: LakePath, slot: int) -> Iterator[bool]:
         """Yields False when the commit is made already (the caller writes nothing)."""
-        self.written.add(path)
         if self.made(path, slot):
             yield False
             return
