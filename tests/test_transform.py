@@ -395,6 +395,28 @@ def test_a_namespace_event_splits_only_its_own_collections_fold(
     assert got == {name: source_state(raw_client, db_name, name) for name in ("a", "b", "e")}
 
 
+def _a_c_and_d_folded(spark, client, raw_client, store, lake, make_stream, db_name):
+    """A database stream whose first run folded collections a, c and d (4 documents each)."""
+    stream = make_stream(collection=None)
+    drain(stream, raw_client, store, lake)
+    for name in ("a", "c", "d"):
+        client[db_name][name].insert_many([{"_id": i, "n": 0} for i in range(4)])
+    drain(stream, raw_client, store, lake)
+    transform(spark, store, lake, stream)
+    return stream
+
+
+def _killed_then_repeated(spark, store, lake, stream, monkeypatch, hook) -> None:
+    """A transform killed by `hook` (a COMMIT_HOOK raising _Killed) under the patches made so
+    far, then repeated without them."""
+    monkeypatch.setattr("jobs.transform.delta_io.COMMIT_HOOK", hook)
+    with pytest.raises(_Killed):
+        transform(spark, store, lake, stream)
+    monkeypatch.undo()
+    spark.conf.unset(MARK)  # a real kill takes the session with it
+    assert transform(spark, store, lake, stream).repeated
+
+
 def test_a_run_killed_under_the_older_fold_plan_is_repeated_whole_by_this_one(
     spark, client, raw_client, sqlite_store, lake, make_stream, db_name, monkeypatch
 ):
@@ -403,13 +425,8 @@ def test_a_run_killed_under_the_older_fold_plan_is_repeated_whole_by_this_one(
     change log's: replayed here by scoping every namespace event to the whole stream and
     numbering from 0. It is killed after its second MERGE into a's `current` of three; this
     version's repeat numbers its fold from FOLD_SLOTS_FROM, so it skips none of its own steps."""
-    stream = make_stream(collection=None)
-    drain(stream, raw_client, sqlite_store, lake)
+    stream = _a_c_and_d_folded(spark, client, raw_client, sqlite_store, lake, make_stream, db_name)
     db = client[db_name]
-    for name in ("a", "c", "d"):
-        db[name].insert_many([{"_id": i, "n": 0} for i in range(4)])
-    drain(stream, raw_client, sqlite_store, lake)
-    transform(spark, sqlite_store, lake, stream)
     for n, name in enumerate(("c", "d"), start=1):
         db.a.update_many({}, {"$set": {"n": n}})
         db.a.insert_one({"_id": 10 + n})
@@ -428,12 +445,7 @@ def test_a_run_killed_under_the_older_fold_plan_is_repeated_whole_by_this_one(
 
     monkeypatch.setattr("jobs.transform.apply.scope_of", lambda *_: [Watched()])
     monkeypatch.setattr("jobs.transform.apply.FOLD_SLOTS_FROM", 0)
-    monkeypatch.setattr("jobs.transform.delta_io.COMMIT_HOOK", kill_at_the_second)
-    with pytest.raises(_Killed):
-        transform(spark, sqlite_store, lake, stream)
-    monkeypatch.undo()
-    spark.conf.unset(MARK)  # a real kill takes the session with it
-    assert transform(spark, sqlite_store, lake, stream).repeated
+    _killed_then_repeated(spark, sqlite_store, lake, stream, monkeypatch, kill_at_the_second)
     rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
     assert {r._tm_key: r._tm_document for r in rows} == source_state(raw_client, db_name, "a")
 
@@ -445,15 +457,10 @@ def test_a_run_killed_under_the_plan_that_folded_empty_segments_is_repeated_whol
     ones too (each took a commit number): replayed by making no segment empty and numbering
     from 500_000. The drops of c and d (no event of theirs in the run) make two empty segments
     before a's MERGE and the clear of a's drop; the kill falls between those two. Numbered from
-    the same base, this version's clear would take the killed run's MERGE's number, be skipped
-    as made, and leave a's dropped rows."""
-    stream = make_stream(collection=None)
-    drain(stream, raw_client, sqlite_store, lake)
+    the same base, this version's later steps on a would take the numbers of the killed run's
+    earlier ones and be skipped as made (tried: a's new document was lost)."""
+    stream = _a_c_and_d_folded(spark, client, raw_client, sqlite_store, lake, make_stream, db_name)
     db = client[db_name]
-    for name in ("a", "c", "d"):
-        db[name].insert_many([{"_id": i, "n": 0} for i in range(4)])
-    drain(stream, raw_client, sqlite_store, lake)
-    transform(spark, sqlite_store, lake, stream)
     db.c.drop()
     db.d.drop()
     db.a.update_many({}, {"$set": {"n": 1}})
@@ -467,12 +474,7 @@ def test_a_run_killed_under_the_plan_that_folded_empty_segments_is_repeated_whol
 
     monkeypatch.setattr("jobs.transform.segments.Segments.empty", lambda *_, **__: False)
     monkeypatch.setattr("jobs.transform.apply.FOLD_SLOTS_FROM", 500_000)
-    monkeypatch.setattr("jobs.transform.delta_io.COMMIT_HOOK", kill_after_the_first)
-    with pytest.raises(_Killed):
-        transform(spark, sqlite_store, lake, stream)
-    monkeypatch.undo()
-    spark.conf.unset(MARK)  # a real kill takes the session with it
-    assert transform(spark, sqlite_store, lake, stream).repeated
+    _killed_then_repeated(spark, sqlite_store, lake, stream, monkeypatch, kill_after_the_first)
     rows = exact_documents(spark, sqlite_store, lake, stream.name).collect()
     assert {r._tm_key: r._tm_document for r in rows} == source_state(raw_client, db_name, "a")
 
