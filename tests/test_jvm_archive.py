@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from resources.jvm_archive import ARCHIVE_NAME, archive_options, archive_path
-from resources.spark import SparkConfig, _conf_dir, driver_java_options, jvm_settings
+from resources.spark import (
+    QUICK_COMPILER_CODE_CACHE,
+    SparkConfig,
+    _conf_dir,
+    driver_java_options,
+    jvm_settings,
+)
 
 
 @pytest.mark.fast
@@ -35,3 +41,22 @@ def test_the_sessions_jvm_maps_the_archive_make_install_built(spark):
     assert path.is_file(), f"no {ARCHIVE_NAME}: `make install` builds it"
     pid = spark.sparkContext._gateway.proc.pid
     assert str(path) in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("own", "room"),
+    [
+        ("-XX:TieredStopAtLevel=1", True),
+        ("-Xss4m -XX:TieredStopAtLevel=3", True),
+        ("-XX:TieredStopAtLevel=4", False),  # the full tiered compiler keeps its 240 MB
+        ("-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m", False),  # the user's own
+        ("", False),
+    ],
+)
+def test_a_driver_on_the_quick_compiler_alone_keeps_room_for_compiled_code(own, room):
+    """`-XX:TieredStopAtLevel=1` alone shrinks the code cache to 48 MB, which a Spark driver
+    fills within a minute, after which the JVM compiles nothing more (resources/spark.py)."""
+    options = driver_java_options(SparkConfig(java_options=own))
+    assert own in options
+    assert (QUICK_COMPILER_CODE_CACHE in options) is room
