@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resources.processes import free_port
-from resources.spark import SparkConfig, check_java, local_environment, quiet_conf_dir
+from resources.spark import (
+    JAVA_OPTIONS_ENV,
+    SparkConfig,
+    check_java,
+    local_environment,
+    quiet_conf_dir,
+)
 from resources.spark_server import ConnectServer, running_server, spark_home, stop_server
 
 START_TIMEOUT_S = 120
@@ -123,7 +129,9 @@ def start_cluster(directory: Path, home: Path) -> SparkCluster:
                 str(worker_python(directory)), "--driver-memory", "1g",
                 "--port", str(free_port("127.0.0.1")),
             ],
-            env={**os.environ, "TIDEMARK_HOME": str(home)},
+            # A long-lived server keeps the JVM's defaults (README), not the quick compiler
+            # the suite gives its short-lived JVMs: it serves the module's runs for minutes.
+            env={**os.environ, "TIDEMARK_HOME": str(home), JAVA_OPTIONS_ENV: ""},
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         if started.returncode != 0:
