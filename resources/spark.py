@@ -137,8 +137,9 @@ def quiet_conf_dir() -> str:
 # The quick compiler alone (`-XX:TieredStopAtLevel=1`, 2 or 3) also shrinks the JVM's code
 # cache from 240 to 48 MB, which a Spark and Delta driver fills in well under a minute of runs;
 # the JVM then stops compiling ("CodeCache is full. Compiler has been disabled.") and runs all
-# code it meets after that interpreted. Measured here: a database stream's next runs took 40 %
-# more CPU from that moment. Such a JVM keeps the tiered default's size.
+# code it meets after that interpreted. Measured here: seven small runs of a database stream
+# took 175 CPU-s so, 152 with room (BENCHMARKS.md, session 55). Such a JVM keeps the tiered
+# default's size.
 _QUICK_COMPILER = re.compile(r"-XX:TieredStopAtLevel=[0-3](?!\d)")
 QUICK_COMPILER_CODE_CACHE = "-XX:ReservedCodeCacheSize=240m"
 
