@@ -65,6 +65,9 @@ def test_oracle_current_equals_source_after_every_increment(
         drained += drain_until_caught_up(stream, raw_client, sqlite_store, lake)
         result = transform(spark, sqlite_store, lake, stream)
         assert result.run is not None
+        # A small run compiles no code (jobs.transform.run_settings), and leaves none of that
+        # setting behind for the session's other work.
+        assert spark.conf.get("spark.sql.codegen.factoryMode") != "NO_CODEGEN"
 
         expected = source_state(raw_client, db_name, "orders")
         got = current_state(exact_documents(spark, sqlite_store, lake, stream.name))

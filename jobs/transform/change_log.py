@@ -11,8 +11,7 @@ run's own batches are not "already held": a repeat of a killed run must fold the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
 
@@ -63,28 +62,6 @@ def document_json_udf(raw: Column | str) -> Column:
 def large_events(batches: list[BatchRecord]) -> bool:
     """True when a batch's events average LARGE_EVENT_BYTES or more (the manifest's bytes)."""
     return any(b.event_count and b.bytes / b.event_count >= LARGE_EVENT_BYTES for b in batches)
-
-
-ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
-
-
-@contextmanager
-def sized_for(spark: SparkSession, large: bool) -> Iterator[None]:
-    """The session's settings for a run of large events, put back after it: its Python UDFs
-    take one row per Arrow batch (10,000 by default: a task's whole input and output in
-    memory at once, twice over with two tasks)."""
-    if not large:
-        yield
-        return
-    before = spark.conf.get(ARROW_BATCH, None)
-    spark.conf.set(ARROW_BATCH, "1")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(ARROW_BATCH)
-        else:
-            spark.conf.set(ARROW_BATCH, before)
 
 
 def held(frame: DataFrame, on_disk: bool) -> DataFrame:

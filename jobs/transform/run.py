@@ -32,10 +32,11 @@ from jobs.lake import relative
 from jobs.progress import Meter, ProgressCallback
 from jobs.raw_zone import SNAPSHOT_START
 from jobs.transform.apply import Fold, Folded
-from jobs.transform.change_log import NewEvents, held, large_events, log_new_events, sized_for
+from jobs.transform.change_log import NewEvents, held, large_events, log_new_events
 from jobs.transform.delta_io import RunWriter, is_table, table_rows
 from jobs.transform.fold import NAMESPACE_OPERATIONS, EventFacts, Watched, may_hold
 from jobs.transform.late_history import history, to_rebuild
+from jobs.transform.run_settings import run_settings, settings_for
 from jobs.transform.segments import matching
 from resources.spark_failures import spark_failures
 from resources.spark_lake import use_lake
@@ -191,7 +192,9 @@ def _transform(
             session, lake_root, stream.name, number, recorded, vectors_from=vectors_from
         )
         large = large_events(batches)
-        with sized_for(session, large):
+        made = tstate.tables(stream.name)
+        largest = max((t.rows for t in made if t.kind == "current"), default=0)
+        with run_settings(session, settings_for(events_read, largest, large)):
             new = log_new_events(writer, tstate, batches, large)
             phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
             added = new.count if new is not None else 0
