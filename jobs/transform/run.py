@@ -186,14 +186,14 @@ def _transform(
         session = spark() if callable(spark) else spark
         use_lake(session, lake_root)
         phases["spark_session"], mark = time.monotonic() - mark, time.monotonic()
-        recorded = {lake_root / t.path: t.delta_version for t in tstate.tables(stream.name)}
+        known = tstate.tables(stream.name)
+        recorded = {lake_root / t.path: t.delta_version for t in known}
         vectors_from = stream.deletion_vectors_from_bytes
         writer = RunWriter(
             session, lake_root, stream.name, number, recorded, vectors_from=vectors_from
         )
         large = large_events(batches)
-        made = tstate.tables(stream.name)
-        largest = max((t.rows for t in made if t.kind == "current"), default=0)
+        largest = max((t.rows for t in known if t.kind == "current"), default=0)
         with run_settings(session, settings_for(events_read, largest, large)):
             new = log_new_events(writer, tstate, batches, large)
             phases["change_log"], mark = time.monotonic() - mark, time.monotonic()
