@@ -48,7 +48,7 @@ STREAMS = """streams:
 """
 
 
-def _recompute(spark: Any, home: Home, stream: str, target: Path) -> None:
+def recompute_newest(spark: Any, home: Home, stream: str, target: Path) -> None:
     """The anchor: every collection's newest documents out of its change log, on the same
     Spark, written as one Delta table partitioned by collection."""
     from pyspark.sql import Window
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> str:
             target = Path(work) / "recomputed"
             shutil.rmtree(target, ignore_errors=True)
             jobs, clock = here.jobs(), time.perf_counter()
-            _recompute(spark, home, names[-1], target)
+            recompute_newest(spark, home, names[-1], target)
             anchor.append(time.perf_counter() - clock)
         jobs = here.jobs() - jobs
         rows.append(("anchor: full recompute", "(Spark, in-process)", anchor, jobs, 0))

@@ -148,6 +148,10 @@ def start_server(
 
 def stop_server(home: Path, timeout: float = 30.0) -> bool:
     """Stop the home's server if it runs; True when one was stopped."""
+    if not server_dir(home).is_dir():
+        # Never started from this home: a stop makes no home (a home holding only a lock
+        # would be named beside the one in use in every command's notice).
+        return False
     with _start_lock(home):
         saved = _load(home)
         pid = saved.pid if saved else _read_pid(home)

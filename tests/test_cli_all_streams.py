@@ -187,6 +187,17 @@ def test_the_cli_names_the_home_on_its_first_line(monkeypatch, tmp_path, capsys)
 
 
 @pytest.mark.fast
+def test_a_spark_stop_where_none_was_started_makes_no_home(monkeypatch, tmp_path, capsys):
+    """Else a stop run anywhere left `~/.tidemark/spark`, a second home with state that every
+    later command named in its notice, beside the home in use."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TIDEMARK_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["spark", "stop"]) == 0
+    assert not (tmp_path / ".tidemark").exists()
+
+
+@pytest.mark.fast
 def test_the_cli_imports_no_transform_before_it_chooses_the_spark_mode():
     """The CLI imports the transform (and with it PySpark) only inside the commands that
     transform, so the others start without loading Spark."""

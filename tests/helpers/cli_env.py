@@ -24,4 +24,6 @@ def cli_environment(
     # The command runs in the test's directory: a checkout's own `.tidemark` (`make demo`
     # leaves one) would otherwise be a second candidate home, named in a notice on stderr.
     monkeypatch.chdir(tmp_path)
+    # Nor may the developer's own `~/.tidemark`, the other candidate.
+    monkeypatch.setenv("HOME", str(tmp_path))
     return {"config": config, "state_url": state_url, "lake": tmp_path / "lake"}
