@@ -7,9 +7,10 @@
   Spark evaluates its expressions interpreted instead of generating and compiling Java for
   each of the run's plans. A small run's rows cost less than its plans: a database stream's
   run plans dozens of Delta statements over a few rows each, and the JVM compiles each plan's
-  generated classes and then JIT-compiles them again. Measured on five collections, five small
-  runs in one warm session: 71 CPU-s against 89 and 101 with code generation (BENCHMARKS.md,
-  session 56). A larger run keeps Spark's defaults, where compiled code pays for itself.
+  generated classes and then JIT-compiles them again. Eight small runs of a five-collection
+  stream took 124.8 CPU-s against 159.2 with code generation, paired in one session
+  (`benchmarks/small_runs.py`). A larger run keeps Spark's defaults, where compiled code pays
+  for itself.
   `spark.sql.codegen.factoryMode` is an internal Spark setting (tested on the Spark this
   project pins; the fold's tests run under it), so it is only ever set for a run, never left.
 """
