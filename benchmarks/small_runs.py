@@ -17,9 +17,7 @@ newest documents from the change log (`benchmarks.fold_collections`). Prints mar
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import resource
 import shutil
 import statistics
 import tempfile
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fold_collections import recompute_newest
+from benchmarks.row_costs import tree_cpu_seconds
 from benchmarks.sitting import Home
 from jobs.capture import drain_until_caught_up
 from jobs.transform import run_settings, transform
@@ -46,37 +45,14 @@ STREAMS = """streams:
 """
 
 
-def tree_cpu() -> float:
-    """CPU seconds of this process and every process under it (the JVM, Python workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[tuple[int, float]]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick
-        children.setdefault(int(fields[1]), []).append((int(entry), cpu))
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    total, stack = own.ru_utime + own.ru_stime, [os.getpid()]
-    while stack:
-        for pid, cpu in children.get(stack.pop(), []):
-            total += cpu
-            stack.append(pid)
-    return total
-
-
 def _fold(spark: Any, home: Home, stream: Any, compiled: bool) -> tuple[float, float]:
     """One transform of `stream`, its wall and CPU seconds; `compiled`: the rule switched off."""
     small = run_settings.SMALL_RUN_EVENTS
     run_settings.SMALL_RUN_EVENTS = -1 if compiled else small
     try:
-        cpu, clock = tree_cpu(), time.perf_counter()
+        cpu, clock = tree_cpu_seconds(), time.perf_counter()
         transform(spark, home.store, home.lake, stream)
-        return time.perf_counter() - clock, tree_cpu() - cpu
+        return time.perf_counter() - clock, tree_cpu_seconds() - cpu
     finally:
         run_settings.SMALL_RUN_EVENTS = small
 

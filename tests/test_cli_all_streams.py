@@ -187,7 +187,7 @@ def test_the_cli_names_the_home_on_its_first_line(monkeypatch, tmp_path, capsys)
 
 
 @pytest.mark.fast
-def test_a_spark_stop_where_none_was_started_makes_no_home(monkeypatch, tmp_path, capsys):
+def test_a_spark_stop_where_none_was_started_makes_no_home(monkeypatch, tmp_path):
     """Else a stop run anywhere left `~/.tidemark/spark`, a second home with state that every
     later command named in its notice, beside the home in use."""
     monkeypatch.setenv("HOME", str(tmp_path))
